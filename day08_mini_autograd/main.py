@@ -1,0 +1,305 @@
+"""Day 8 — mini-autograd: a scalar engine that trains XOR, four experiments that break it, a Tensor engine on MNIST.
+
+Part 1 trains the curriculum's 2-2-1 tanh network on XOR with `engine.Value` and a hand-written zero-grad + SGD.
+Part 2 answers the four self-check questions by experiment: (1) `=` instead of `+=` in backward, (2) no
+gradient reset, (3) no topological order, (4) the same network in PyTorch.
+Part 3 trains a 784-256-10 MLP on MNIST with `tensor_engine` (NumPy only: the images come from
+`sprint.data.mnist_tensors` and are turned into arrays once).
+
+Run:    python day08_mini_autograd/main.py            (XOR + experiments in seconds, MNIST ~1 min; writes results/)
+        python day08_mini_autograd/main.py --smoke    (tiny MNIST subset, for a quick look)
+Gates:  python day08_mini_autograd/check.py
+Bench:  python day08_mini_autograd/bench.py
+"""
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
+
+import numpy as np
+import torch
+
+from day08_mini_autograd import tensor_engine as te
+from day08_mini_autograd.engine import MLP, Value, propagate, topological_order
+from sprint.data import mnist_tensors
+
+OUT_DIR = Path(__file__).resolve().parent / "results"
+
+# ------------------------------------------------------------------------------------------------------------
+# Part 1: XOR with the scalar engine
+# ------------------------------------------------------------------------------------------------------------
+XOR_X = [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)]
+XOR_Y = [0.0, 1.0, 1.0, 0.0]  # no single line separates these: the hidden layer is necessary
+# The curriculum's fixed start, per neuron (w1, w2, b): two hidden tanh units, then the tanh output unit.
+# A 2-2-1 tanh net can stall in a local minimum (loss ~0.13) from some random starts; this one converges.
+XOR_INIT = [0.3, -0.2, 0.1, 0.4, 0.2, -0.3, 0.6, -0.5, 0.2]
+
+
+def xor_net(init=XOR_INIT):
+    net = MLP(2, [2, 1], act="tanh", act_last=True)
+    for p, value in zip(net.parameters(), init, strict=True):
+        p.data = value
+    return net
+
+
+def xor_loss(net):
+    """Mean squared error over the four XOR points."""
+    return sum(((net(x)[0] - y) ** 2 for x, y in zip(XOR_X, XOR_Y)), Value(0.0)) * 0.25
+
+
+def train_xor(steps=300, lr=0.5, backward=Value.backward, zero_grad=True, log_every=0):
+    """Full-batch SGD by hand; `backward`/`zero_grad` let the experiments swap in a broken step."""
+    net = xor_net()
+    params = net.parameters()
+    losses = []
+    for step in range(steps):
+        loss = xor_loss(net)
+        if not math.isfinite(loss.data):
+            raise FloatingPointError(f"XOR loss became {loss.data} at step {step}; lower --xor-lr")
+        if zero_grad:
+            for p in params:
+                p.grad = 0.0  # backward() adds to .grad, so last step's gradient must be cleared first
+        backward(loss)
+        for p in params:
+            p.data -= lr * p.grad  # the whole of SGD
+        losses.append(loss.data)
+        if log_every and (step % log_every == 0 or step == steps - 1):
+            print(f"  step {step:4d}  loss {loss.data:.5f}")
+    return {"losses": losses, "final_loss": losses[-1], "params": [p.data for p in params]}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Part 2: the four self-check questions, answered by experiment
+# ------------------------------------------------------------------------------------------------------------
+PROBE_X = 3.0  # where experiments 1 and 3 evaluate their gradients
+
+
+def backward_overwrite(root):
+    """Experiment 1: the backward pass with `=` where the chain rule needs `+=`."""
+    root.grad = 1.0
+    for node in reversed(topological_order(root)):
+        if node._a is not None:
+            node._a.grad = node._da * node.grad  # BUG on purpose: overwrites instead of accumulating
+        if node._b is not None:
+            node._b.grad = node._db * node.grad
+
+
+def backward_without_topological_order(root):
+    """Experiment 3: pass each node's gradient on as soon as a depth-first walk reaches it."""
+    root.grad = 1.0
+    stack, seen = [root], {root}
+    while stack:
+        node = stack.pop()
+        propagate(node)  # BUG on purpose: other consumers of `node` may not have added their share yet
+        for child in (node._a, node._b):
+            if child is not None and child not in seen:
+                seen.add(child)
+                stack.append(child)
+
+
+def square_gradient(backward, x=PROBE_X):
+    """d(x*x)/dx at x with a given backward pass; the right answer is 2x."""
+    v = Value(x)
+    backward(v * v)
+    return v.grad
+
+
+def diamond_gradient(backward, x=PROBE_X):
+    """d/dx of y = a*b, a = u+1, b = 2u, u = x*x: u feeds two paths that meet again (a diamond)."""
+    v = Value(x)
+    u = v * v
+    backward((u + 1) * (u * 2))
+    return v.grad
+
+
+def diamond_gradient_exact(x=PROBE_X):
+    u = x * x  # dy/du = b + 2a = 2u + 2(u + 1); du/dx = 2x
+    return (2 * u + 2 * (u + 1)) * 2 * x
+
+
+def torch_xor_gradients(params):
+    """Loss and gradients of the same 2-2-1 tanh network written with torch (float64)."""
+    p = torch.tensor(params, dtype=torch.float64, requires_grad=True)
+    hidden_w, out_w = p[:6].view(2, 3), p[6:]  # rows of (w1, w2, b), as in engine.MLP
+    x = torch.tensor(XOR_X, dtype=torch.float64)
+    y = torch.tensor(XOR_Y, dtype=torch.float64)
+    h = torch.tanh(x @ hidden_w[:, :2].T + hidden_w[:, 2])
+    out = torch.tanh(h @ out_w[:2] + out_w[2])
+    loss = ((out - y) ** 2).mean()
+    loss.backward()
+    return loss.item(), p.grad.tolist()
+
+
+def engine_xor_gradients(params):
+    net = xor_net(params)
+    loss = xor_loss(net)
+    loss.backward()
+    return loss.data, [p.grad for p in net.parameters()]
+
+
+def relative_error(a, b):
+    """max |a - b| / max |b|: the error relative to the size of the reference vector."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), np.finfo(np.float64).tiny))
+
+
+def run_experiments(steps=300, lr=0.5, log_every=0):
+    """Part 1's training run plus the four self-check questions, as the numbers that answer them."""
+    correct = train_xor(steps, lr, log_every=log_every)
+    overwrite = train_xor(steps, lr, backward=backward_overwrite)
+    no_reset = train_xor(steps, lr, zero_grad=False)
+    (torch_loss, torch_init), (ours_loss, ours_init) = torch_xor_gradients(XOR_INIT), engine_xor_gradients(XOR_INIT)
+    torch_end, ours_end = torch_xor_gradients(correct["params"])[1], engine_xor_gradients(correct["params"])[1]
+    return {
+        "xor": correct,
+        "square_grad_exact": 2 * PROBE_X,
+        "square_grad_correct": square_gradient(Value.backward),
+        "square_grad_overwrite": square_gradient(backward_overwrite),
+        "xor_overwrite": overwrite,
+        "xor_no_zero_grad": no_reset,
+        "diamond_grad_exact": diamond_gradient_exact(),
+        "diamond_grad_topological": diamond_gradient(Value.backward),
+        "diamond_grad_no_topological": diamond_gradient(backward_without_topological_order),
+        "torch_grad_rel_error_init": relative_error(ours_init, torch_init),
+        "torch_grad_rel_error_trained": relative_error(ours_end, torch_end),
+        "torch_loss_abs_diff_init": abs(ours_loss - torch_loss),
+    }
+
+
+def print_experiments(r):
+    print(f"(1) '=' instead of '+=': d(x*x)/dx at x={PROBE_X:g} is {r['square_grad_overwrite']:g} instead of "
+          f"{r['square_grad_correct']:g} (the second path overwrites the first);")
+    print(f"    XOR final loss {r['xor_overwrite']['final_loss']:.4f} instead of {r['xor']['final_loss']:.4f}")
+    print(f"(2) no gradient reset: gradients pile up step after step; XOR final loss "
+          f"{r['xor_no_zero_grad']['final_loss']:.4f} (min along the way "
+          f"{min(r['xor_no_zero_grad']['losses']):.4f}) instead of {r['xor']['final_loss']:.4f}")
+    print(f"(3) no topological order: on the diamond y=(u+1)*(2u), u=x*x, dy/dx at x={PROBE_X:g} is "
+          f"{r['diamond_grad_no_topological']:g}; in topological order {r['diamond_grad_topological']:g} "
+          f"(exact {r['diamond_grad_exact']:g})")
+    print(f"(4) the same net in torch: gradient relative error {r['torch_grad_rel_error_init']:.1e} at the start, "
+          f"{r['torch_grad_rel_error_trained']:.1e} after training")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Part 3: MNIST with the Tensor engine
+# ------------------------------------------------------------------------------------------------------------
+def mnist_arrays(train, limit=None):
+    """MNIST as float32 arrays (N, 784) and int64 labels; the engine itself never touches torch."""
+    x, y = mnist_tensors(train=train)
+    x, y = x.reshape(len(x), -1).numpy(), y.numpy()
+    return (x[:limit], y[:limit]) if limit else (x, y)
+
+
+def accuracy(model, x, y, batch_size=2000):
+    with te.no_grad():  # evaluation builds no graph
+        hits = sum(int((model(te.Tensor(x[i:i + batch_size])).data.argmax(1) == y[i:i + batch_size]).sum())
+                   for i in range(0, len(x), batch_size))
+    return hits / len(x)
+
+
+def train_mnist(epochs=3, hidden=256, batch_size=128, lr=2e-3, seed=0, train_limit=None, test_limit=None,
+                log=print):
+    """Adam with a linear learning-rate decay to zero; returns test accuracy and per-epoch figures."""
+    x_train, y_train = mnist_arrays(True, train_limit)
+    x_test, y_test = mnist_arrays(False, test_limit)
+    model = te.MLP([784, hidden, 10], seed)  # Linear -> ReLU -> Linear, float32
+    opt = te.Adam(model.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    steps_per_epoch = math.ceil(len(x_train) / batch_size)
+    total_steps, step, history = epochs * steps_per_epoch, 0, []
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        order, loss_sum = rng.permutation(len(x_train)), 0.0  # reshuffle every epoch
+        for i in range(0, len(x_train), batch_size):
+            idx = order[i:i + batch_size]
+            loss = te.cross_entropy(model(te.Tensor(x_train[idx])), y_train[idx])
+            if not np.isfinite(loss.data):
+                raise FloatingPointError(f"MNIST loss became {loss.data} at step {step}; lower --lr")
+            opt.zero_grad()
+            loss.backward()
+            opt.lr = lr * (1 - step / total_steps)  # linear decay: big steps early, fine steps at the end
+            opt.step()
+            loss_sum, step = loss_sum + float(loss.data), step + 1
+        history.append({"epoch": epoch + 1, "train_loss": loss_sum / steps_per_epoch,
+                        "test_acc": accuracy(model, x_test, y_test), "elapsed_s": time.perf_counter() - start})
+        log(f"  epoch {epoch + 1}  train loss {history[-1]['train_loss']:.4f}  "
+            f"test acc {100 * history[-1]['test_acc']:.2f}%  ({history[-1]['elapsed_s']:.1f} s)")
+    return {"test_acc": history[-1]["test_acc"], "history": history, "train_s": time.perf_counter() - start,
+            "epochs": epochs, "hidden": hidden, "batch_size": batch_size, "lr": lr,
+            "n_train": len(x_train), "n_test": len(x_test)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+def plot(experiments, mnist, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in [("xor", "correct"), ("xor_overwrite", "(1) '=' instead of '+='"),
+                       ("xor_no_zero_grad", "(2) no gradient reset")]:
+        ax1.semilogy(experiments[key]["losses"], label=label)
+    ax1.axhline(0.01, color="gray", ls="--", label="gate: 0.01")
+    ax1.set(title="XOR, 2-2-1 tanh net, scalar engine", xlabel="step", ylabel="MSE (log scale)")
+    ax1.legend()
+    epochs = [h["epoch"] for h in mnist["history"]]
+    ax2.plot(epochs, [100 * h["test_acc"] for h in mnist["history"]], "o-")
+    ax2.axhline(97, color="gray", ls="--", label="gate: 97%")
+    ax2.set(title=f"MNIST, 784-{mnist['hidden']}-10 MLP, NumPy Tensor engine", xlabel="epoch",
+            ylabel="test accuracy (%)", xticks=epochs)
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--xor-steps", type=int, default=300)
+    parser.add_argument("--xor-lr", type=float, default=0.5)
+    parser.add_argument("--epochs", type=int, default=3, help="MNIST epochs")
+    parser.add_argument("--hidden", type=int, default=256, help="MNIST hidden width")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=2e-3, help="MNIST Adam peak learning rate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="1 epoch on 5,000/1,000 images, hidden 64")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="where the plot and summary go")
+    args = parser.parse_args(argv)
+    for name in ("xor_steps", "epochs", "hidden", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.lr <= 0 or args.xor_lr <= 0:
+        parser.error("learning rates must be positive")
+    if args.smoke:
+        args.epochs, args.hidden = 1, 64
+
+    print(f"Part 1 - XOR with the scalar engine: 2-2-1 tanh, init {XOR_INIT}, lr {args.xor_lr}, "
+          f"{args.xor_steps} steps, MSE")
+    experiments = run_experiments(args.xor_steps, args.xor_lr, log_every=50)
+    print("Part 2 - the four self-check questions")
+    print_experiments(experiments)
+
+    print(f"Part 3 - MNIST with the Tensor engine: 784-{args.hidden}-10, Adam lr {args.lr} -> 0, "
+          f"batch {args.batch_size}, {args.epochs} epoch(s)")
+    limits = (5000, 1000) if args.smoke else (None, None)
+    mnist = train_mnist(args.epochs, args.hidden, args.batch_size, args.lr, args.seed, *limits)
+    print(f"  test accuracy {100 * mnist['test_acc']:.2f}% on {mnist['n_test']:,} images after "
+          f"{mnist['train_s']:.1f} s")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(experiments, mnist, args.out / "day08.png")
+    summary = {k: v for k, v in experiments.items() if not isinstance(v, dict)}
+    summary |= {f"{k}_final_loss": experiments[k]["final_loss"] for k in ("xor", "xor_overwrite", "xor_no_zero_grad")}
+    summary["mnist"] = mnist
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {args.out / 'day08.png'} and summary.json")
+    return {"experiments": experiments, "mnist": mnist}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
