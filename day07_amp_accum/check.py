@@ -1,0 +1,214 @@
+"""Day 7 gates: accumulation reproduces the big batch (except BatchNorm), GradScaler skips inf steps, fp16's range
+fails where bf16's holds, autocast stops at the loss, and bf16 halves the bytes saved for backward.
+
+Run:  python day07_amp_accum/check.py   (or `pytest day07_amp_accum`)
+"""
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from day04_mlp_mnist.main import MLP
+from day06_ckpt_resume.check import restore_torch_globals  # noqa: F401 (autouse: gives pytest its threads back)
+from day07_amp_accum import main as day
+from sprint.gates import Gates, run_this_file
+
+gates = Gates(__file__)
+
+# A tiny workload: low-precision matmuls can be ~9x slower than fp32 on CPUs without native bf16/fp16.
+TINY = day.AmpConfig(train_subset=256, batch_size=32, hidden=64, accum=1, threads=1, device="cpu")
+NO_SCALER = torch.amp.GradScaler("cpu", enabled=False)
+
+
+@pytest.fixture(scope="module")
+def batch128():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(128, 1, 28, 28, generator=g), torch.randint(0, 10, (128,), generator=g)
+
+
+def grads_after(model: nn.Module, x, y, micro_batch: int) -> dict:
+    model.zero_grad(set_to_none=True)
+    day.accumulate_gradients(model, x, y, micro_batch, None, NO_SCALER)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def max_rel_diff(a: dict, b: dict) -> float:
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in a)
+
+
+# --- gradient accumulation -------------------------------------------------------------------------------------
+def test_accumulating_4_micro_batches_of_32_gives_the_batch_128_gradients(batch128):
+    torch.manual_seed(0)
+    model = MLP(784, 64, 10, dropout=0.0)  # LayerNorm normalises per sample: no coupling across the batch
+    full = grads_after(model, *batch128, micro_batch=128)
+    accumulated = grads_after(model, *batch128, micro_batch=32)
+    gates.check("max relative gradient difference, 4 x 32 accumulated vs 128", max_rel_diff(accumulated, full),
+                "<", 1e-5)
+
+
+def test_summing_undivided_micro_batch_losses_gives_4x_the_gradient(batch128):
+    torch.manual_seed(0)
+    model = MLP(784, 64, 10, dropout=0.0)
+    full = grads_after(model, *batch128, micro_batch=128)
+    model.zero_grad(set_to_none=True)
+    for xb, yb in zip(batch128[0].split(32), batch128[1].split(32)):
+        F.cross_entropy(model(xb), yb).backward()  # the classic bug: no division by the accumulation steps
+    ratio = model.fc1.weight.grad.norm() / full["fc1.weight"].norm()
+    gates.check("|gradient norm ratio - 4| without dividing the loss, 4 micro-batches", abs(ratio.item() - 4),
+                "<", 1e-3)
+
+
+def test_batchnorm_statistics_differ_under_accumulation(batch128):
+    def bn_model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
+
+    full, accumulated = bn_model(), bn_model()
+    g_full = grads_after(full, *batch128, micro_batch=128)
+    g_acc = grads_after(accumulated, *batch128, micro_batch=32)
+    bn_full, bn_acc = full[2], accumulated[2]
+    gates.check("BatchNorm running_var max |diff|, 4 x 32 vs 128",
+                (bn_full.running_var - bn_acc.running_var).abs().max().item(), ">", 1e-3)
+    gates.check("BatchNorm batches seen, 4 x 32 vs 128", bn_acc.num_batches_tracked.item(), "==",
+                4 * bn_full.num_batches_tracked.item())
+    gates.check("max relative gradient difference with BatchNorm", max_rel_diff(g_acc, g_full), ">", 1e-3)
+
+
+# --- GradScaler ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def inf_step(tmp_path_factory):
+    """An fp16 trainer: one clean step, one step with an injected inf gradient, one clean step again."""
+    trainer = day.AmpTrainer(dataclasses.replace(TINY, amp="fp16"), tmp_path_factory.mktemp("fp16"))
+    x, y, _ = next(iter(trainer.loader))
+    snapshot = lambda: [p.detach().clone() for p in trainer.model.parameters()]  # noqa: E731
+    trainer.train_step(x, y)
+    before, scale_before = snapshot(), trainer.scaler.get_scale()
+    hook = trainer.model.fc2.weight.register_hook(lambda g: torch.full_like(g, float("inf")))
+    out = trainer.train_step(x, y)
+    hook.remove()
+    after_skip, scale_after = snapshot(), trainer.scaler.get_scale()
+    trainer.train_step(x, y)
+    return {"trainer": trainer, "out": out, "scale_before": scale_before, "scale_after": scale_after,
+            "moved_by_skip": max((a - b).abs().max().item() for a, b in zip(after_skip, before)),
+            "moved_by_next": max((a - b).abs().max().item() for a, b in zip(snapshot(), after_skip))}
+
+
+def test_grad_scaler_skips_the_step_when_a_gradient_is_inf(inf_step):
+    gates.check("largest parameter change in the inf step", inf_step["moved_by_skip"], "==", 0.0)
+    gates.check("train_step reports the skip", inf_step["out"]["skipped"], "==", True)
+    gates.check("largest parameter change in the next clean step", inf_step["moved_by_next"], ">", 0.0)
+
+
+def test_grad_scaler_halves_the_scale_when_a_gradient_is_inf(inf_step):
+    gates.check("scale after / before the inf step", inf_step["scale_after"] / inf_step["scale_before"], "==", 0.5)
+
+
+def test_resume_restores_the_grad_scaler_scale(inf_step, tmp_path):
+    ckpt = inf_step["trainer"].state_dict()
+    resumed = day.AmpTrainer(dataclasses.replace(TINY, amp="fp16"), tmp_path)
+    resumed.load_state_dict(ckpt)
+    gates.check("scale after resume / scale saved", resumed.scaler.get_scale() / ckpt["scaler"]["scale"], "==", 1.0)
+    gates.check("saved scale below the initial 65536", ckpt["scaler"]["scale"], "<", 65536.0)
+
+
+# --- fp16 vs bf16 range ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ranges():
+    return day.fp16_range_figures()
+
+
+def test_fp16_overflows_at_70000_where_bf16_does_not(ranges):
+    gates.check("70000 through an fp16 autocast matmul", ranges["fp16_70000"], "==", float("inf"))
+    gates.check("70000 through a bf16 autocast matmul, relative error", abs(ranges["bf16_70000"] / 70000 - 1),
+                "<", 2 ** -8)
+
+
+def test_small_gradients_underflow_in_fp16_without_loss_scaling(ranges):
+    gates.check("gradients of 2^-28 that are 0, fp32", ranges["zero_fraction_fp32"], "==", 0.0)
+    gates.check("gradients of 2^-28 that are 0, fp16 unscaled", ranges["zero_fraction_fp16_unscaled"], "==", 1.0)
+
+
+def test_small_gradients_survive_fp16_with_loss_scaling(ranges):
+    gates.check("gradients of 2^-28 that are 0, fp16 with GradScaler", ranges["zero_fraction_fp16_scaled"], "==", 0.0)
+    gates.check("relative error of scaled fp16 gradients vs fp32", ranges["rel_error_fp16_scaled"], "<", 1e-2)
+
+
+# --- autocast's scope ------------------------------------------------------------------------------------------
+def test_autocast_covers_forward_and_loss_only_and_the_optimizer_updates_fp32_params(tmp_path):
+    trainer = day.AmpTrainer(dataclasses.replace(TINY, amp="bf16", accum=2), tmp_path)
+    seen = {"forward": [], "step": []}
+    trainer.model.register_forward_hook(
+        lambda m, inp, out: seen["forward"].append((torch.is_autocast_enabled("cpu"), out.dtype)))
+    trainer.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: seen["step"].append(torch.is_autocast_enabled("cpu")))
+    x, y, _ = next(iter(trainer.loader))
+    trainer.train_step(x, y)
+    gates.check("forward passes under bf16 autocast (2 micro-batches)",
+                sum(on and dt == torch.bfloat16 for on, dt in seen["forward"]), "==", 2)
+    gates.check("optimizer steps taken with autocast off", seen["step"].count(False), "==", 1)
+    gates.check("optimizer steps taken with autocast on", seen["step"].count(True), "==", 0)
+    state = [v for s in trainer.optimizer.state.values() for v in s.values() if v.is_floating_point()]
+    tensors = [*trainer.model.parameters(), *(p.grad for p in trainer.model.parameters()), *state]
+    gates.check("parameters, gradients and AdamW moments not in fp32",
+                sum(t.dtype != torch.float32 for t in tensors), "==", 0)
+
+
+# --- the precision table ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    rows = day.precision_table(TINY, tmp_path_factory.mktemp("bench"), steps=2)
+    return {r["amp"]: r for r in rows}
+
+
+def test_bf16_saves_activation_bytes_versus_fp32_on_cpu(table):
+    ratio = table["bf16"]["saved_bytes"] / table["off"]["saved_bytes"]
+    gates.check("bytes saved for backward, bf16 / fp32 (CPU, saved_tensors_hooks)", ratio, "<", 0.75)
+
+
+def test_autocast_does_not_shrink_parameters_gradients_or_optimizer_state(table):
+    ratio = table["bf16"]["state_bytes"] / table["off"]["state_bytes"]
+    gates.check("params + grads + AdamW bytes, bf16 / fp32", ratio, "==", 1.0)
+
+
+def test_main_writes_the_table_plot_and_a_trained_run(tmp_path):
+    summary = day.main(["--train-subset", "256", "--batch-size", "32", "--hidden", "32", "--epochs", "1",
+                        "--bench-steps", "1", "--threads", "1", "--device", "cpu", "--out", str(tmp_path / "out"),
+                        "--out-runs", str(tmp_path / "runs")])
+    text = (tmp_path / "out" / "precision.md").read_text()
+    gates.check("precision.md rows for fp32/fp16/bf16", sum(f"| {p} |" in text for p in day.PRECISION.values()),
+                "==", 3)
+    gates.check("precision.png bytes", (tmp_path / "out" / "precision.png").stat().st_size, ">", 10_000)
+    gates.check("steps trained by main (256 samples / 32, 1 epoch)", summary["training"]["step"], "==", 8)
+
+
+def test_bad_amp_value_is_a_clear_error():
+    with pytest.raises(ValueError) as err:
+        day.AmpConfig(amp="fp8")
+    gates.check("error lists the valid amp values", "['bf16', 'fp16', 'off']" in str(err.value), "==", True)
+
+
+# --- CUDA only -------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_bf16_peak_memory_is_below_fp32(tmp_path):
+    cfg = dataclasses.replace(TINY, device="cuda", train_subset=4096, batch_size=4096, hidden=4096)
+    rows = {r["amp"]: r for r in day.precision_table(cfg, tmp_path, steps=2)}
+    ratio = rows["bf16"]["cuda_peak_bytes"] / rows["off"]["cuda_peak_bytes"]
+    gates.check("CUDA max_memory_allocated in a step, bf16 / fp32", ratio, "<", 1.0)
+
+
+@pytest.mark.gpu
+def test_cuda_fp16_training_with_grad_scaler_stays_finite(tmp_path):
+    cfg = dataclasses.replace(TINY, device="cuda", amp="fp16", accum=2, train_subset=2048, epochs=1)
+    result = day.AmpTrainer(cfg, tmp_path).fit()
+    gates.check("steps of an fp16 + GradScaler run on CUDA", result["step"], "==", 64)
+    gates.check("its best validation loss", result["best_val"], "<", 2.3)
+
+
+if __name__ == "__main__":
+    run_this_file(__file__)
