@@ -69,3 +69,16 @@ def test_no_checkpoint_is_loaded_with_pickle_execution_enabled():
     needle = "weights_only=" + "False"  # spelled in two parts so this file does not match itself
     offenders = [p for p in ROOT.rglob("*.py") if needle in p.read_text()]
     assert not offenders, offenders
+
+
+def test_every_command_and_image_in_the_readmes_points_at_a_real_file():
+    missing = []
+    for readme in [ROOT / "README.md", *ROOT.glob("day*/README.md")]:
+        text = readme.read_text()
+        for script in re.findall(r"python3? ((?:day\d\d_\w+|scripts)/[\w/]+\.py)", text):
+            if not (ROOT / script).is_file():
+                missing.append(f"{readme.relative_to(ROOT)}: {script}")
+        for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text):
+            if not (readme.parent / image).is_file():
+                missing.append(f"{readme.relative_to(ROOT)}: {image}")
+    assert not missing, missing
