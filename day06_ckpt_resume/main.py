@@ -41,11 +41,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.tensorboard import SummaryWriter
 
 from day04_mlp_mnist.main import MLP, evaluate
-from sprint.data import mnist_tensors
+from sprint.data import REPO_ROOT, mnist_tensors
 from sprint.device import pick_device
 
 OUT_DIR = Path(__file__).resolve().parent / "results"
-RUNS_DIR = Path(__file__).resolve().parents[1] / "runs" / "day06_ckpt_resume"
+RUNS_DIR = REPO_ROOT / "runs" / "day06_ckpt_resume"
 SPLIT_SEED = 1234  # the train/validation split never changes, whatever the training seed
 
 
@@ -605,6 +605,14 @@ def plot_overlay(reference: Path, chains: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def repo_relative(path: Path) -> str:
+    """`path` relative to the repo when it lies inside it, so committed summaries hold no machine-specific paths."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def demo(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> dict:
     """The lesson end to end: an uninterrupted run and, for each num_workers setting, the same run SIGKILLed at
     the steps in `kill_at[num_workers]` and resumed — all three at once, one per core; then the comparison, the
@@ -617,7 +625,7 @@ def demo(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> d
         ref_job = pool.submit(launch, cfg, runs / "uninterrupted")
         jobs = {w: pool.submit(kill_and_resume, c, runs / f"killed-w{w}", kill_at[w]) for w, c in chain_cfgs.items()}
         ref_job.result()
-        chains = {w: {"run_dir": str(runs / f"killed-w{w}"), "kill_at": kill_at[w], "segments": job.result()}
+        chains = {w: {"run_dir": repo_relative(runs / f"killed-w{w}"), "kill_at": kill_at[w], "segments": job.result()}
                   for w, job in jobs.items()}
     for w, chain in chains.items():
         chain.update(compare_runs(runs / "uninterrupted", runs / f"killed-w{w}", chain["segments"]))
@@ -638,7 +646,7 @@ def demo(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> d
         for s in chain["segments"]:
             del s["records"]
     test = next(r for r in read_metrics(runs / "uninterrupted") if r["kind"] == "test")
-    summary = {"config": asdict(cfg), "reference": str(runs / "uninterrupted"), "reference_test": test,
+    summary = {"config": asdict(cfg), "reference": repo_relative(runs / "uninterrupted"), "reference_test": test,
                "chains": chains, "model_only": opt}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out / 'resume_overlay.png'}, optimizer_state.md and summary.json")
