@@ -15,7 +15,6 @@ import copy
 import json
 import math
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 

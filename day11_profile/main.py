@@ -313,7 +313,7 @@ def headline(study: dict) -> dict:
 def conclusion(study: dict) -> str:
     """The verdict, why, what changed and by how much — in words built from the figures."""
     s, h = study["stages"], headline(study)
-    naive, best = s[0], s[-1]
+    naive = s[0]
     gains = ", then ".join(f"{b['name'].lstrip('+ ')} ×{b['samples_per_s'] / a['samples_per_s']:.2f}"
                            for a, b in zip(s, s[1:]))
     where = "on the device" if study["device"] != "cpu" else "in memory"
