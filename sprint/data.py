@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from sprint import REPO_ROOT
+from sprint.cli import UserError
+
 BUNDLE_DIR = REPO_ROOT / "data" / "mnist"
 DATA_ROOT = REPO_ROOT / "data"
 
@@ -33,7 +35,7 @@ FIX = (
 )
 
 
-class MNISTUnavailable(RuntimeError):
+class MNISTUnavailable(UserError, RuntimeError):
     """MNIST could not be prepared; the message says which file and what to do."""
 
 

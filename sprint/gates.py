@@ -13,8 +13,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-GATES_DIR = REPO_ROOT / "runs" / "gates"
+from sprint import REPO_ROOT, RUNS_ROOT
+
+GATES_DIR = RUNS_ROOT / "gates"
 
 OPS = {
     "<": operator.lt,

@@ -1,4 +1,5 @@
 """Device choice: cuda -> mps -> cpu, and an explicit choice wins."""
+import pytest
 import torch
 
 from sprint.device import pick_device
@@ -24,3 +25,15 @@ def test_mps_when_no_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     assert pick_device() == torch.device("mps")
+
+
+def test_an_absent_device_is_refused_with_what_the_machine_offers(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"--device cuda: not available on this machine \(it offers: cpu\)"):
+        pick_device("cuda")
+
+
+def test_a_misspelled_device_is_refused():
+    with pytest.raises(ValueError, match="'gpu' is not a device"):
+        pick_device("gpu")
