@@ -103,10 +103,11 @@ def rows_on_cpu() -> set[int]:
 
 
 def scrub(text: str) -> str:
-    """Drop what changes between runs and builds: pids, ports, measured shares, source locations in torch's build."""
+    """Drop what changes between runs and builds: pids, ports, shares, addresses, source locations in torch."""
     text = re.sub(r"\[[^\]\n]*\.(?:cc|cpp|h):\d+\] ", "", text)
     text = re.sub(r"(pid(?:\(s\))?) \d+", r"\1 <pid>", text)
     text = re.sub(r"\b\d+%", "<n>%", text)
+    text = re.sub(r"0x[0-9a-f]{6,}", "0x…", text)
     return re.sub(r"port: \d+", "port: <port>", text)
 
 

@@ -66,7 +66,7 @@ def test_quick_start_is_install_run_test():
 
 def test_every_command_and_image_in_the_readmes_points_at_a_real_file():
     missing = []
-    for readme in [ROOT / "README.md", *ROOT.glob("day*/README.md")]:
+    for readme in [ROOT / "README.md", ROOT / "errors" / "README.md", *ROOT.glob("day*/README.md")]:
         text = readme.read_text()
         for script in re.findall(r"python3? ((?:day\d\d_\w+|scripts|errors)/[\w/]+\.py)", text):
             if not (ROOT / script).is_file():
