@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import pytest
 import torch
 
-from day06_ckpt_resume import main as day
+from day06_ckpt_resume import checkpoint, main as day, prove_resume as prove
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -30,8 +30,8 @@ gates = Gates(__file__)
 # 2,048 training images, 64 steps per epoch, 3 epochs: each run takes about a second after its imports.
 SMALL = day.Config(train_subset=2048, batch_size=32, hidden=64, warmup_steps=20, ckpt_every=5, keep_last=2,
                    threads=1, device="cpu")
-TOTAL = SMALL.epochs * day.steps_per_epoch(SMALL)
-KILLS = {w: day.random_kill_points(TOTAL, n, seed=6 + w, first=SMALL.ckpt_every + 1) for w, n in ((0, 2), (2, 3))}
+TOTAL = SMALL.epochs * prove.steps_per_epoch(SMALL)
+KILLS = {w: prove.random_kill_points(TOTAL, n, seed=6 + w, first=SMALL.ckpt_every + 1) for w, n in ((0, 2), (2, 3))}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,7 +47,7 @@ def restore_torch_globals():
 def demo(tmp_path_factory):
     """The lesson's demo on the small setting: one uninterrupted run, two SIGKILL chains (num_workers 0 and 2)."""
     tmp = tmp_path_factory.mktemp("day06")
-    summary = day.demo(SMALL, KILLS, tmp / "results", tmp / "runs")
+    summary = prove.demo(SMALL, KILLS, tmp / "results", tmp / "runs")
     return {**summary, "tmp": tmp}
 
 
@@ -88,7 +88,7 @@ def test_every_step_after_a_resume_sees_the_uninterrupted_samples(demo, workers)
 
 @pytest.mark.slow
 def test_each_epoch_of_the_resumed_run_visits_every_sample_exactly_once(demo):
-    records = day.read_metrics(Path(demo["chains"][2]["run_dir"]))
+    records = checkpoint.read_metrics(Path(demo["chains"][2]["run_dir"]))
     bad = sum(sorted(i for r in records if r["kind"] == "train" and r["epoch"] == e for i in r["samples"])
               != list(range(SMALL.train_subset)) for e in range(SMALL.epochs))
     gates.check("epochs with a replayed or skipped sample after 3 kills", bad, "==", 0)
@@ -110,11 +110,11 @@ def test_resumed_metrics_log_equals_the_uninterrupted_log(demo, workers):
 
 @pytest.mark.slow
 def test_state_comparison_detects_a_one_ulp_change(demo):
-    ckpt = day.load_checkpoint(Path(demo["reference"]) / "last.pt")
+    ckpt = checkpoint.load_checkpoint(Path(demo["reference"]) / "last.pt")
     nudged = {k: v.clone() for k, v in ckpt["model"].items()}
     w = nudged["fc1.weight"].view(-1)
     w[0] = torch.nextafter(w[0], torch.tensor(float("inf")))
-    gates.check("differences found after a 1-ulp nudge", len(day.diff_states(ckpt["model"], nudged)), "==", 1)
+    gates.check("differences found after a 1-ulp nudge", len(prove.diff_states(ckpt["model"], nudged)), "==", 1)
 
 
 @pytest.mark.slow
@@ -126,7 +126,7 @@ def test_tensorboard_events_hold_every_logged_scalar_once(demo):
     expected = {"train/loss", "train/acc", "train/lr", "train/grad_norm", "val/loss", "val/acc"}
     gates.check("logged scalar tags missing from the event files", len(expected - set(events.Tags()["scalars"])),
                 "==", 0)
-    ref = [r for r in day.read_metrics(Path(demo["reference"])) if r["kind"] == "train"]
+    ref = [r for r in checkpoint.read_metrics(Path(demo["reference"])) if r["kind"] == "train"]
     tb = events.Scalars("train/loss")
     gates.check("train/loss events after 3 kills and purges (one per step)", len(tb), "==", len(ref))
     # TensorBoard stores float32: compare against the logged loss rounded the same way.
@@ -151,7 +151,7 @@ def payload(step: int) -> dict:
 
 def test_sigkill_at_random_moments_during_saves_leaves_last_pt_loadable(tmp_path):
     templates = [payload(i) for i in range(7)]  # built before forking: the child only serialises
-    day.save_checkpoint(payload(0), tmp_path, keep_last=2)
+    checkpoint.save_checkpoint(payload(0), tmp_path, keep_last=2)
     rng, broken, mid_write = random.Random(0), 0, 0
     for trial in range(12):
         pid = os.fork()
@@ -159,7 +159,7 @@ def test_sigkill_at_random_moments_during_saves_leaves_last_pt_loadable(tmp_path
             try:
                 for i in itertools.count(1):
                     step = 1000 * (trial + 1) + i
-                    day.save_checkpoint({**templates[step % 7], "step": step}, tmp_path, keep_last=2)
+                    checkpoint.save_checkpoint({**templates[step % 7], "step": step}, tmp_path, keep_last=2)
             finally:
                 os._exit(0)
         time.sleep(rng.uniform(0.01, 0.1))
@@ -168,11 +168,11 @@ def test_sigkill_at_random_moments_during_saves_leaves_last_pt_loadable(tmp_path
         mid_write += bool(list(tmp_path.glob("*.tmp")))
         for p in [tmp_path / "last.pt", *tmp_path.glob("ckpt-*.pt")]:
             try:
-                ckpt = day.load_checkpoint(p)
+                ckpt = checkpoint.load_checkpoint(p)
                 broken += not bool((ckpt["w"] == ckpt["step"] % 7).all())
-            except day.CheckpointError:
+            except checkpoint.CheckpointError:
                 broken += 1
-        day.clean_stale_tmp(tmp_path)
+        checkpoint.clean_stale_tmp(tmp_path)
     gates.check("kills that landed mid-save (a .tmp was left)", mid_write, ">=", 1)
     gates.check("unloadable or inconsistent checkpoints after 12 SIGKILLs", broken, "==", 0)
 
@@ -185,7 +185,7 @@ def test_crash_between_temp_write_and_rename_keeps_last_pt_and_startup_cleans_th
     if pid == 0:  # child: die exactly between the fsynced temporary file and os.replace
         try:
             os.replace = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
-            day.save_checkpoint(payload(10_000), run, keep_last=2)
+            checkpoint.save_checkpoint(payload(10_000), run, keep_last=2)
         finally:
             os._exit(0)
     _, status = os.waitpid(pid, 0)
@@ -193,13 +193,13 @@ def test_crash_between_temp_write_and_rename_keeps_last_pt_and_startup_cleans_th
     gates.check("writer died by SIGKILL before os.replace", killed, "==", True)
     gates.check("temporary files left by the crash", len(list(run.glob("*.tmp"))), "==", 1)
     gates.check("last.pt unchanged by the crash", sha_of_files(run)["last.pt"] == before, "==", True)
-    gates.check("last.pt still loads after the crash", day.load_checkpoint(run / "last.pt")["step"], "==", TOTAL)
+    gates.check("last.pt still loads after the crash", checkpoint.load_checkpoint(run / "last.pt")["step"], "==", TOTAL)
     day.Trainer(SMALL, run)  # start-up
     gates.check("temporary files after the next start-up", len(list(run.glob("*.tmp"))), "==", 0)
 
 
 def test_disk_full_raises_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    day.save_checkpoint(payload(1), tmp_path, keep_last=2)
+    checkpoint.save_checkpoint(payload(1), tmp_path, keep_last=2)
     before = sha_of_files(tmp_path)
 
     def disk_full(obj, f):
@@ -207,8 +207,8 @@ def test_disk_full_raises_a_clear_error_and_keeps_the_previous_checkpoint(tmp_pa
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
-    with pytest.raises(day.CheckpointError) as err:
-        day.save_checkpoint(payload(2), tmp_path, keep_last=2)
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.save_checkpoint(payload(2), tmp_path, keep_last=2)
     msg = str(err.value)
     gates.check("disk-full error names the file and the cause",
                 "ckpt-00000002.pt" in msg and "No space left" in msg, "==", True)
@@ -228,7 +228,7 @@ def test_damaged_checkpoint_gives_an_error_naming_the_file_and_touches_nothing(d
     bad = run / f"{damage}.pt"
     bad.write_bytes(data)
     before = sha_of_files(run)
-    with pytest.raises(day.CheckpointError) as err:
+    with pytest.raises(checkpoint.CheckpointError) as err:
         day.Trainer(SMALL, run).resume(bad)
     gates.check(f"{damage} checkpoint: error names the file", str(bad) in str(err.value), "==", True)
     gates.check(f"{damage} checkpoint: files changed", sha_of_files(run) != before, "==", False)
@@ -237,17 +237,17 @@ def test_damaged_checkpoint_gives_an_error_naming_the_file_and_touches_nothing(d
 @pytest.mark.slow
 def test_checkpoint_of_a_different_model_lists_mismatched_keys_and_touches_nothing(demo, tmp_path):
     run = small_run_copy(demo, tmp_path)
-    ckpt = day.load_checkpoint(run / "last.pt")
+    ckpt = checkpoint.load_checkpoint(run / "last.pt")
     # As saved from a torch.compile'd model: every key gains an `_orig_mod.` prefix.
     compiled = run / "compiled.pt"
     torch.save({**ckpt, "model": {f"_orig_mod.{k}": v for k, v in ckpt["model"].items()}}, compiled)
     before = sha_of_files(run)
-    with pytest.raises(day.CheckpointError) as err:
+    with pytest.raises(checkpoint.CheckpointError) as err:
         day.Trainer(SMALL, run).resume(compiled)
     msg = str(err.value)
     gates.check("prefixed keys: error names the file and lists missing and unexpected keys",
                 str(compiled) in msg and "Missing key(s)" in msg and "Unexpected key(s)" in msg, "==", True)
-    with pytest.raises(day.CheckpointError) as err:
+    with pytest.raises(checkpoint.CheckpointError) as err:
         day.Trainer(dataclasses.replace(SMALL, hidden=32), run).resume(run / "last.pt")
     gates.check("hidden 64 checkpoint into hidden 32: error lists the size mismatches",
                 "size mismatch for fc1.weight" in str(err.value), "==", True)
@@ -274,8 +274,8 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
             return os.system, (f"touch {marker}",)
 
     torch.save({"model": Evil()}, tmp_path / "evil.pt")
-    with pytest.raises(day.CheckpointError):
-        day.load_checkpoint(tmp_path / "evil.pt")
+    with pytest.raises(checkpoint.CheckpointError):
+        checkpoint.load_checkpoint(tmp_path / "evil.pt")
     gates.check("code from the malicious checkpoint ran", marker.exists(), "==", False)
 
 

@@ -1,0 +1,43 @@
+"""Day 6 report writers: the overlay plot of the killed-and-resumed processes and the optimizer-state table."""
+from pathlib import Path
+
+from day06_ckpt_resume.checkpoint import read_metrics
+
+
+def plot_overlay(reference: Path, chains: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ref = {r["step"]: r["loss"] for r in read_metrics(reference) if r["kind"] == "train"}
+    fig, axes = plt.subplots(len(chains) + 1, 1, figsize=(10, 3 * len(chains) + 2), sharex=True,
+                             height_ratios=[3] * len(chains) + [1.2])
+    for ax, (workers, chain) in zip(axes, chains.items()):
+        ax.plot(list(ref), list(ref.values()), color="0.75", lw=4, label="uninterrupted run")
+        for i, s in enumerate(chain["segments"]):
+            mine = [r for r in s["records"] if r["kind"] == "train" and r["step"] > s["resumed_from"]]
+            start = f"resumed at step {s['resumed_from']}" if s["resumed_from"] else "fresh start"
+            end = f"SIGKILLed after step {s['died_after_step']}" if s["died_after_step"] else "ran to the end"
+            steps = [r["step"] for r in mine]
+            ax.plot(steps, [r["loss"] for r in mine], lw=0.9, label=f"process {i + 1}: {start}, {end}")
+            axes[-1].plot(steps, [r["loss"] - ref[r["step"]] for r in mine], ".", ms=2)
+            if s["died_after_step"]:
+                ax.axvline(s["died_after_step"], color="red", ls=":", lw=1)
+        ax.set(title=f"num_workers={workers}: each process of the killed run over the uninterrupted run "
+                     "(red: SIGKILL)", ylabel="training loss", yscale="log")
+        ax.legend(fontsize=7)
+    axes[-1].set(xlabel="global step", ylabel="resumed − uninterrupted", title="loss difference, all processes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+
+def write_optimizer_table(opt: dict, path: Path) -> None:
+    rows = ["| step | uninterrupted | resumed with optimizer state | resumed with model weights only |",
+            "| ---: | ---: | ---: | ---: |"]
+    for i, (u, f, m) in enumerate(zip(opt["uninterrupted_losses"], opt["full_losses"], opt["model_only_losses"])):
+        rows.append(f"| {opt['at_step'] + i + 1} | {u:.6f} | {f:.6f} | {m:.6f} |")
+    rows.append(f"| max abs diff | — | {opt['full_max_abs_diff']:.3g} | {opt['model_only_max_abs_diff']:.3g} |")
+    path.write_text("\n".join(rows) + "\n")
