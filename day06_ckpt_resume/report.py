@@ -2,16 +2,12 @@
 from pathlib import Path
 
 from day06_ckpt_resume.checkpoint import read_metrics
+from sprint import plots
 
 
 def plot_overlay(reference: Path, chains: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     ref = {r["step"]: r["loss"] for r in read_metrics(reference) if r["kind"] == "train"}
-    fig, axes = plt.subplots(len(chains) + 1, 1, figsize=(10, 3 * len(chains) + 2), sharex=True,
+    fig, axes = plots.subplots(len(chains) + 1, 1, figsize=(10, 3 * len(chains) + 2), sharex=True,
                              height_ratios=[3] * len(chains) + [1.2])
     for ax, (workers, chain) in zip(axes, chains.items()):
         ax.plot(list(ref), list(ref.values()), color="0.75", lw=4, label="uninterrupted run")
@@ -28,9 +24,7 @@ def plot_overlay(reference: Path, chains: dict, path: Path) -> None:
                      "(red: SIGKILL)", ylabel="training loss", yscale="log")
         ax.legend(fontsize=7)
     axes[-1].set(xlabel="global step", ylabel="resumed − uninterrupted", title="loss difference, all processes")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plots.save(fig, path)
 
 
 

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -34,6 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from day06_ckpt_resume.main import Config, Trainer, config_from_args, config_parser
+from day07_amp_accum.report import plot_table, write_table
+from sprint.measure import median_seconds, saved_bytes
 
 OUT_DIR = Path(__file__).resolve().parent / "results"
 RUNS_DIR = Path(__file__).resolve().parents[1] / "runs" / "day07_amp_accum"
@@ -110,25 +111,8 @@ class AmpTrainer(Trainer):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Measuring: bytes saved for backward, what does not shrink, step time, matmul throughput
+# Measuring: what does not shrink, matmul throughput, the precision table
 # ---------------------------------------------------------------------------------------------------------------
-def saved_for_backward_bytes(fn, model: nn.Module) -> int:
-    """Bytes of the tensors autograd saves for backward while `fn` runs: each storage once, the parameters left out
-    (they are in memory anyway). Autocast's low-precision copies of the weights are new memory, so they count."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            storages[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(storages.values())
-
-
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Parameters + gradients + optimizer state: what autocast does not touch."""
     tensors = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None),
@@ -137,15 +121,11 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 
 def matmul_gflops(amp_dtype, device: torch.device, n: int = 256, reps: int = 5) -> float:
-    """Best-of-`reps` throughput of an n×n matmul under autocast: what the hardware can do in that precision."""
+    """Throughput of an n×n matmul under autocast (median of `reps`): what the hardware can do in that precision."""
     a = torch.randn(n, n, device=device)
-    best = float("inf")
     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        for _ in range(reps + 1):  # the first call is a warm-up (kernel selection, JIT)
-            t0 = time.perf_counter()
-            (a @ a).sum().item()  # .item() waits for the device
-            best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e9
+        seconds = median_seconds(lambda: (a @ a).sum().item(), repeat=reps)  # .item() waits for the device
+    return 2 * n ** 3 / seconds / 1e9
 
 
 def low_precision_hardware(device: torch.device) -> str:
@@ -172,18 +152,14 @@ def precision_table(cfg: AmpConfig, run_dir: Path, steps: int = 10) -> list[dict
         x, y, _ = next(iter(trainer.loader))
         x, y = x.to(trainer.device), y.to(trainer.device)
         trainer.train_step(x, y)  # warm-up: allocations, AdamW state
-        saved = saved_for_backward_bytes(lambda: trainer.train_step(x, y), trainer.model)
+        saved = saved_bytes(lambda: trainer.train_step(x, y), skip=trainer.model)
         cuda_peak = None
         if trainer.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
             trainer.train_step(x, y)
             cuda_peak = torch.cuda.max_memory_allocated()
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            trainer.train_step(x, y)  # ends in loss.item(): the device has finished the step
-            times.append(time.perf_counter() - t0)
-        rows.append({"amp": amp, "precision": PRECISION[amp], "step_ms": 1e3 * statistics.median(times),
+        step_s = median_seconds(lambda: trainer.train_step(x, y), repeat=steps, warmup=0)  # warmed up above
+        rows.append({"amp": amp, "precision": PRECISION[amp], "step_ms": 1e3 * step_s,
                      "saved_bytes": saved, "state_bytes": state_bytes(trainer.model, trainer.optimizer),
                      "cuda_peak_bytes": cuda_peak, "matmul_gflops": matmul_gflops(trainer.amp_dtype, trainer.device),
                      "hardware": low_precision_hardware(trainer.device), "batch": cfg.batch_size,
@@ -221,65 +197,6 @@ def fp16_range_figures() -> dict:
                    zero_fraction_fp16_scaled=(scaled == 0).float().mean().item(),
                    rel_error_fp16_scaled=((scaled - reference).norm() / reference.norm()).item())
     return figures
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Reporting
-# ---------------------------------------------------------------------------------------------------------------
-def write_table(rows: list[dict], ranges: dict, path: Path) -> None:
-    fp32 = rows[0]
-    on_cuda = fp32["cuda_peak_bytes"] is not None
-    lines = [f"Device: {fp32['hardware']}.", "",
-             f"MLP 784-{fp32['hidden']}-10, batch {fp32['batch']}, one optimizer step (forward + loss + backward + "
-             "AdamW), no accumulation.", "",
-             "| precision | step time, median (ms) | × fp32 | bytes saved for backward (KiB) | × fp32 "
-             "| params + grads + AdamW state (KiB) | CUDA peak allocated (KiB) | matmul 256³ (GFLOP/s) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        peak = f"{r['cuda_peak_bytes'] / 1024:.0f}" if on_cuda else "n/a (CPU)"
-        lines.append(f"| {r['precision']} | {r['step_ms']:.2f} | {r['step_ms'] / fp32['step_ms']:.2f} "
-                     f"| {r['saved_bytes'] / 1024:.0f} | {r['saved_bytes'] / fp32['saved_bytes']:.2f} "
-                     f"| {r['state_bytes'] / 1024:.0f} | {peak} | {r['matmul_gflops']:.1f} |")
-    lines += ["", "What each column measures:",
-              "- *step time*: wall time of one `AmpTrainer.train_step` (median of repeated steps on one batch).",
-              "- *bytes saved for backward*: tensors autograd keeps for the backward pass, captured with "
-              "`torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded (autocast's "
-              "low-precision weight copies included). This is the activation memory AMP can shrink.",
-              "- *params + grads + AdamW state*: `nbytes` of every parameter, gradient and optimizer-state tensor "
-              "after a step. Autocast leaves all of them fp32.",
-              "- *CUDA peak allocated*: `torch.cuda.max_memory_allocated()` during one step (CUDA only).",
-              "- *matmul*: a 256×256 matmul under the same autocast setting, best of 5.", "",
-              "| range check | value |", "| --- | ---: |",
-              f"| 70000 through an fp16 autocast matmul | {ranges['fp16_70000']} |",
-              f"| 70000 through a bf16 autocast matmul | {ranges['bf16_70000']} |",
-              f"| weight gradients that are 0, fp32 (gradients of 2⁻²⁸) | {ranges['zero_fraction_fp32']:.3f} |",
-              f"| ... fp16 autocast, no loss scaling | {ranges['zero_fraction_fp16_unscaled']:.3f} |",
-              f"| ... fp16 autocast, GradScaler (scale 2¹⁶) | {ranges['zero_fraction_fp16_scaled']:.3f} |",
-              f"| relative error of the scaled fp16 gradients vs fp32 | {ranges['rel_error_fp16_scaled']:.1e} |"]
-    path.write_text("\n".join(lines) + "\n")
-
-
-def plot_table(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [r["precision"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    panels = [("step_ms", "step time (ms, median)"),
-              ("saved_bytes", "bytes saved for backward (KiB)\nsaved_tensors_hooks, parameters excluded"),
-              ("state_bytes", "params + grads + AdamW state (KiB)")]
-    for ax, (key, title) in zip(axes, panels):
-        values = [r[key] / (1024 if key != "step_ms" else 1) for r in rows]
-        ax.bar(names, values, color=["tab:gray", "tab:orange", "tab:blue"])
-        ax.set_title(title, fontsize=9)
-        for i, v in enumerate(values):
-            ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-    fig.suptitle(f"one training step of the MLP (batch {rows[0]['batch']}) on {rows[0]['hardware']}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main(argv=None) -> dict:
