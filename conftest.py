@@ -1,4 +1,5 @@
-"""Repo-wide pytest setup: headless plots, `gpu` gates skipped without CUDA, and the gate table at the end."""
+"""Repo-wide pytest setup: headless plots, `gpu` gates skipped without CUDA, torch's process-wide settings given back
+after each test module, and the gate table at the end."""
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")  # plots render to files; no display needed
@@ -16,6 +17,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def restore_torch_globals():
+    """Trainers set the thread count and deterministic mode for their process; give pytest's back after each module."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -34,15 +34,6 @@ TOTAL = SMALL.epochs * prove.steps_per_epoch(SMALL)
 KILLS = {w: prove.random_kill_points(TOTAL, n, seed=6 + w, first=SMALL.ckpt_every + 1) for w, n in ((0, 2), (2, 3))}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def restore_torch_globals():
-    """The trainer sets the thread count and deterministic mode for its process; give pytest's back."""
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """The lesson's demo on the small setting: one uninterrupted run, two SIGKILL chains (num_workers 0 and 2)."""

@@ -15,7 +15,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from day04_mlp_mnist.main import MLP
-from day06_ckpt_resume.check import restore_torch_globals  # noqa: F401 (autouse: gives pytest its threads back)
 from day07_amp_accum import main as day
 from sprint.gates import Gates, run_this_file
 
