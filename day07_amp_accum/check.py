@@ -123,19 +123,19 @@ def ranges():
 
 
 def test_fp16_overflows_at_70000_where_bf16_does_not(ranges):
-    gates.check("70000 through an fp16 autocast matmul", ranges["fp16_70000"], "==", float("inf"))
-    gates.check("70000 through a bf16 autocast matmul, relative error", abs(ranges["bf16_70000"] / 70000 - 1),
+    gates.check("70000 through an fp16 autocast matmul", ranges.fp16_70000, "==", float("inf"))
+    gates.check("70000 through a bf16 autocast matmul, relative error", abs(ranges.bf16_70000 / 70000 - 1),
                 "<", 2 ** -8)
 
 
 def test_small_gradients_underflow_in_fp16_without_loss_scaling(ranges):
-    gates.check("gradients of 2^-28 that are 0, fp32", ranges["zero_fraction_fp32"], "==", 0.0)
-    gates.check("gradients of 2^-28 that are 0, fp16 unscaled", ranges["zero_fraction_fp16_unscaled"], "==", 1.0)
+    gates.check("gradients of 2^-28 that are 0, fp32", ranges.zero_fraction_fp32, "==", 0.0)
+    gates.check("gradients of 2^-28 that are 0, fp16 unscaled", ranges.zero_fraction_fp16_unscaled, "==", 1.0)
 
 
 def test_small_gradients_survive_fp16_with_loss_scaling(ranges):
-    gates.check("gradients of 2^-28 that are 0, fp16 with GradScaler", ranges["zero_fraction_fp16_scaled"], "==", 0.0)
-    gates.check("relative error of scaled fp16 gradients vs fp32", ranges["rel_error_fp16_scaled"], "<", 1e-2)
+    gates.check("gradients of 2^-28 that are 0, fp16 with GradScaler", ranges.zero_fraction_fp16_scaled, "==", 0.0)
+    gates.check("relative error of scaled fp16 gradients vs fp32", ranges.rel_error_fp16_scaled, "<", 1e-2)
 
 
 # --- autocast's scope ------------------------------------------------------------------------------------------
@@ -160,25 +160,24 @@ def test_autocast_covers_forward_and_loss_only_and_the_optimizer_updates_fp32_pa
 
 # --- the precision table ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def table(tmp_path_factory):
-    rows = day.precision_table(TINY, tmp_path_factory.mktemp("bench"), steps=2)
-    return {r["amp"]: r for r in rows}
+def table():
+    return {r.amp: r for r in day.precision_table(TINY, steps=2)}
 
 
 def test_bf16_saves_activation_bytes_versus_fp32_on_cpu(table):
-    ratio = table["bf16"]["saved_bytes"] / table["off"]["saved_bytes"]
+    ratio = table["bf16"].saved_bytes / table["off"].saved_bytes
     gates.check("bytes saved for backward, bf16 / fp32 (CPU, saved_tensors_hooks)", ratio, "<", 0.75)
 
 
 def test_autocast_does_not_shrink_parameters_gradients_or_optimizer_state(table):
-    ratio = table["bf16"]["state_bytes"] / table["off"]["state_bytes"]
+    ratio = table["bf16"].state_bytes / table["off"].state_bytes
     gates.check("params + grads + AdamW bytes, bf16 / fp32", ratio, "==", 1.0)
 
 
 def test_main_writes_the_table_plot_and_a_trained_run(tmp_path):
     summary = day.main(["--train-subset", "256", "--batch-size", "32", "--hidden", "32", "--epochs", "1",
                         "--bench-steps", "1", "--threads", "1", "--device", "cpu", "--out", str(tmp_path / "out"),
-                        "--out-runs", str(tmp_path / "runs")])
+                        "--run-dir", str(tmp_path / "run")])
     text = (tmp_path / "out" / "precision.md").read_text()
     gates.check("precision.md rows for fp32/fp16/bf16", sum(f"| {p} |" in text for p in day.PRECISION.values()),
                 "==", 3)
@@ -189,15 +188,15 @@ def test_main_writes_the_table_plot_and_a_trained_run(tmp_path):
 def test_bad_amp_value_is_a_clear_error():
     with pytest.raises(ValueError) as err:
         day.AmpConfig(amp="fp8")
-    gates.check("error lists the valid amp values", "['bf16', 'fp16', 'off']" in str(err.value), "==", True)
+    gates.check("error lists the valid amp values", "off, fp16, bf16" in str(err.value), "==", True)
 
 
 # --- CUDA only -------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_cuda_bf16_peak_memory_is_below_fp32(tmp_path):
     cfg = dataclasses.replace(TINY, device="cuda", train_subset=4096, batch_size=4096, hidden=4096)
-    rows = {r["amp"]: r for r in day.precision_table(cfg, tmp_path, steps=2)}
-    ratio = rows["bf16"]["cuda_peak_bytes"] / rows["off"]["cuda_peak_bytes"]
+    rows = {r.amp: r for r in day.precision_table(cfg, steps=2)}
+    ratio = rows["bf16"].cuda_peak_bytes / rows["off"].cuda_peak_bytes
     gates.check("CUDA max_memory_allocated in a step, bf16 / fp32", ratio, "<", 1.0)
 
 
