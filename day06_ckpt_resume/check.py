@@ -1,6 +1,6 @@
 """Day 6 gates: a run SIGKILLed at 5 random steps and resumed is bit-for-bit the run that never stopped; checkpoints
 survive kills mid-save and between the last.pt/best.pt links, real write failures, corruption, the wrong model and
-changed flags; Ctrl-C saves; and every flag is checked before any work.
+changed flags; Ctrl-C saves; every flag is checked before any work; and overfitting is measured, not assumed.
 
 Run:  python day06_ckpt_resume/check.py   (or `pytest day06_ckpt_resume`)
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import pytest
 import torch
 
-from day06_ckpt_resume import checkpoint, main as day, prove_resume as prove
+from day06_ckpt_resume import checkpoint, main as day, overfit_lab, prove_resume as prove
 from sprint.cli import run
 from sprint.gates import Gates, run_this_file
 
@@ -483,6 +483,8 @@ BAD_FLAGS = {
                         ["--resume", "no-such.pt"], ["--epochs", "two"], ["--bogus"]]),
     "prove_resume": (prove.main, [["--kills", "2"], ["--workers", "-1", "2"], ["--kills", "0", "3"],
                                   ["--device", "cuda"]]),
+    "overfit_lab": (overfit_lab.main, [["--subset", "0"], ["--epochs", "0"], ["--patience", "0"], ["--dropout", "1"],
+                                       ["--weight-decay", "-1"], ["--device", "gpu"]]),
 }
 
 
@@ -517,6 +519,55 @@ def test_every_flag_has_a_help_text(script, monkeypatch):
         BAD_FLAGS[script][0]([])
     silent = [a.dest for a in parsers[0]._actions if not (a.help or "").strip()]
     gates.check(f"{script}: flags without a help text", silent, "==", [])
+
+
+# --- overfitting, measured (overfit_lab.py, default settings) ---------------------------------------------------
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> overfit_lab.Lab:
+    return overfit_lab.run_lab(overfit_lab.LabConfig(), tmp_path_factory.mktemp("overfit"))
+
+
+@pytest.mark.slow
+def test_without_regularisation_the_subset_is_memorised_while_validation_loss_turns_up(lab):
+    base = lab.curves["no regularisation"]
+    gates.check("training-subset accuracy at the last epoch, no regularisation (eval mode)", base.train_acc[-1],
+                ">=", 0.99)
+    gates.check("validation loss at the last epoch / its minimum, no regularisation", base.val_loss[-1]
+                / min(base.val_loss), ">=", 1.05)
+    gates.check("epoch of the lowest validation loss, before the last", base.best_epoch, "<", lab.config.epochs)
+
+
+@pytest.mark.slow
+def test_early_stopping_stops_after_patience_epochs_without_improvement(lab):
+    e, full = lab.early_stop, lab.curves["no regularisation"].val_loss
+    best, waited, expected = float("inf"), 0, len(full)  # the rule, applied to the run that never stopped
+    for epoch, loss in enumerate(full, 1):
+        best, waited = (loss, 0) if loss < best else (best, waited + 1)
+        if waited == e.patience:
+            expected = epoch
+            break
+    gates.check("epoch after which early stopping stopped (expected from the full run's curve)",
+                e.stopped_after_epoch, "==", expected)
+    gates.check("validation losses of the early-stopped run equal the full run's up to the stop (bitwise)",
+                e.val_loss == full[:expected], "==", True)
+
+
+@pytest.mark.slow
+def test_best_pt_holds_the_epoch_of_the_lowest_validation_loss(lab):
+    e = lab.early_stop
+    gates.check("step held by best.pt (loaded back) == step of the lowest validation loss", e.best_pt_step, "==",
+                e.step_of_best_epoch)
+    gates.check("validation loss of best.pt's weights, evaluated again == the lowest logged", e.best_pt_val_loss,
+                "==", min(e.val_loss))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("regulariser", ["Dropout", "weight decay", "augmentation"])
+def test_each_regulariser_narrows_the_gap_between_validation_and_training_loss(lab, regulariser):
+    base = lab.curves["no regularisation"]
+    run_ = next(c for name, c in lab.curves.items() if name.startswith(regulariser))
+    gates.check(f"gap (val - train loss) at the last epoch, {run_.name} / no regularisation", run_.gap / base.gap,
+                "<", 0.95)
 
 
 if __name__ == "__main__":

@@ -50,3 +50,43 @@ def write_optimizer_table(opt, path: Path) -> None:
     rows.append(f"| max abs diff | — | {opt.full_max_abs_diff:.3g} | {opt.model_only_max_abs_diff:.3g} |")
     path.write_text("\n".join(rows) + "\n")
 
+
+def write_overfit_table(lab, path: Path) -> None:
+    """The overfitting lab (an overfit_lab.Lab) as Markdown: one row per run, then early stopping and best.pt."""
+    cfg, e = lab.config, lab.early_stop
+    rows = [f"{cfg.subset} training images, {cfg.epochs} epochs, plain 784-{cfg.hidden}-10 ReLU MLP, AdamW lr "
+            f"{cfg.lr:g}, seed {cfg.seed}. Losses and accuracies in eval mode (Dropout off) on the training subset and "
+            "on 2,000 validation images.", "",
+            f"| run | train acc | val acc | train loss | val loss (epoch {cfg.epochs}) | lowest val loss (epoch) "
+            "| gap = val − train loss |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c in lab.curves.values():
+        rows.append(f"| {c.name} | {c.train_acc[-1]:.2%} | {c.val_acc[-1]:.2%} | {c.train_loss[-1]:.4f} "
+                    f"| {c.val_loss[-1]:.4f} | {min(c.val_loss):.4f} ({c.best_epoch}) | {c.gap:.3f} |")
+    rows += ["", "| early stopping (no regularisation) | value |", "| --- | ---: |",
+             f"| patience | {e.patience} epochs |", f"| stopped after epoch | {e.stopped_after_epoch} |",
+             f"| step of the lowest validation loss | {e.step_of_best_epoch} |",
+             f"| step held by best.pt (loaded back) | {e.best_pt_step} |",
+             f"| validation loss of best.pt's weights, evaluated again | {e.best_pt_val_loss:.6f} |",
+             f"| lowest validation loss logged | {min(e.val_loss):.6f} |"]
+    path.write_text("\n".join(rows) + "\n")
+
+
+def plot_overfit(lab, path: Path) -> None:
+    """Left: the unregularised run's training and validation loss, its best epoch and where early stopping stopped.
+    Right: validation (solid) and training (dashed) loss of every run."""
+    fig, (left, right) = plots.subplots(1, 2, figsize=(12, 4.2))
+    base, e = next(iter(lab.curves.values())), lab.early_stop
+    epochs = range(1, len(base.val_loss) + 1)
+    left.plot(epochs, base.train_loss, label="training subset (eval mode)")
+    left.plot(epochs, base.val_loss, label="validation")
+    left.axvline(base.best_epoch, color="green", ls=":", label=f"lowest validation loss (epoch {base.best_epoch})")
+    left.axvline(e.stopped_after_epoch, color="red", ls="--",
+                 label=f"early stop, patience {e.patience} (epoch {e.stopped_after_epoch})")
+    left.set(title="no regularisation", xlabel="epoch", ylabel="cross-entropy", yscale="log")
+    left.legend(fontsize=8)
+    for i, c in enumerate(lab.curves.values()):
+        right.plot(epochs, c.val_loss, color=f"C{i}", label=f"{c.name}: gap {c.gap:.2f}")
+        right.plot(epochs, c.train_loss, color=f"C{i}", ls="--", lw=0.8)
+    right.set(title="validation (solid) and training (dashed) loss", xlabel="epoch", yscale="log")
+    right.legend(fontsize=8)
+    plots.save(fig, path)
