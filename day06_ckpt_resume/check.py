@@ -4,7 +4,6 @@ changed flags; Ctrl-C saves; every flag is checked before any work; and overfitt
 
 Run:  python day06_ckpt_resume/check.py   (or `pytest day06_ckpt_resume`)
 """
-import argparse
 import dataclasses
 import hashlib
 import itertools
@@ -25,7 +24,6 @@ import pytest
 import torch
 
 from day06_ckpt_resume import checkpoint, main as day, overfit_lab, prove_resume as prove
-from sprint.cli import run
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -65,13 +63,6 @@ def run_copy(source: Path, tmp_path) -> Path:
 
 def final_report(run_dir: Path) -> dict:
     return next(r for r in checkpoint.read_metrics(run_dir) if r["kind"] == "test")
-
-
-def one_line_error(argv, capsys, main=day.main) -> tuple[int, list[str]]:
-    """Exit code and the stderr lines of `main(argv)` run as the script would run it."""
-    with pytest.raises(SystemExit) as exc:
-        run(main, argv)
-    return exc.value.code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
 # --- the SIGKILL chains ----------------------------------------------------------------------------------------
@@ -356,12 +347,12 @@ def test_damaged_checkpoint_gives_an_error_naming_the_file_and_touches_nothing(r
 
 
 @pytest.mark.slow
-def test_a_truncated_last_pt_is_one_line_naming_the_newest_loadable_checkpoint(reference, tmp_path, capsys,
+def test_a_truncated_last_pt_is_one_line_naming_the_newest_loadable_checkpoint(reference, tmp_path, run_cli,
                                                                                 monkeypatch):
     run_dir = run_copy(reference[3], tmp_path)  # the copy holds last.pt and ckpt-*.pt as separate files
     os.truncate(run_dir / "last.pt", (run_dir / "last.pt").stat().st_size // 2)
     monkeypatch.setattr(day, "split_mnist", lambda *a: pytest.fail("the data was loaded before the refusal"))
-    code, lines = one_line_error(["--resume", str(run_dir / "last.pt")], capsys)
+    code, lines = run_cli(day.main, ["--resume", str(run_dir / "last.pt")])
     newest = sorted(run_dir.glob("ckpt-*.pt"))[-1]
     gates.check("truncated last.pt: exit code, stderr lines", (code, len(lines)), "==", (1, 1))
     gates.check("truncated last.pt: the message names the newest loadable ckpt-*.pt and how to resume from it",
@@ -400,13 +391,13 @@ def test_weights_of_another_size_list_the_size_mismatches(reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_resuming_with_changed_flags_is_refused_before_loading_data_and_lists_them(reference, tmp_path, capsys,
+def test_resuming_with_changed_flags_is_refused_before_loading_data_and_lists_them(reference, tmp_path, run_cli,
                                                                                    monkeypatch):
     run_dir = run_copy(reference[1], tmp_path)
     before = sha_of_files(run_dir)
     monkeypatch.setattr(day, "split_mnist", lambda *a: pytest.fail("the data was loaded before the refusal"))
-    code, lines = one_line_error(["--resume", str(run_dir / "last.pt"), "--lr", "0.01", "--seed", "3",
-                                  "--batch-size", "64", "--epochs", "2"], capsys)
+    code, lines = run_cli(day.main, ["--resume", str(run_dir / "last.pt"), "--lr", "0.01", "--seed", "3",
+                                  "--batch-size", "64", "--epochs", "2"])
     gates.check("changed --lr/--seed/--batch-size on resume: exit code, stderr lines", (code, len(lines)), "==", (1, 1))
     gates.check("the refusal lists each changed flag with both values, not the safe --epochs",
                 all(f in lines[0] for f in ("--lr 0.002 -> 0.01", "--seed 0 -> 3", "--batch-size 32 -> 64"))
@@ -490,34 +481,25 @@ BAD_FLAGS = {
 
 @pytest.mark.parametrize("script, argv", [(s, a) for s, (_, cases) in BAD_FLAGS.items() for a in cases],
                          ids=lambda v: " ".join(v) if isinstance(v, list) else v)
-def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(script, argv, tmp_path, capsys):
+def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(script, argv, tmp_path, run_cli):
     out = tmp_path / "out"
-    code, lines = one_line_error([*argv, "--out", str(out)], capsys, main=BAD_FLAGS[script][0])
+    code, lines = run_cli(BAD_FLAGS[script][0], [*argv, "--out", str(out)])
     gates.check(f"{script} {' '.join(argv)}: exit code, error lines, folder created",
                 (code, sum("error:" in line for line in lines), out.exists()), "==", (2, 1, False))
 
 
 @pytest.mark.slow
-def test_training_into_an_existing_run_is_refused_before_loading_data(reference, tmp_path, capsys, monkeypatch):
+def test_training_into_an_existing_run_is_refused_before_loading_data(reference, tmp_path, run_cli, monkeypatch):
     run_dir = run_copy(reference[1], tmp_path)
     monkeypatch.setattr(day, "split_mnist", lambda *a: pytest.fail("the data was loaded before the refusal"))
-    code, lines = one_line_error([*SMALL_FLAGS, "--out", str(run_dir)], capsys)
+    code, lines = run_cli(day.main, [*SMALL_FLAGS, "--out", str(run_dir)])
     gates.check("existing run: exit code, stderr lines, names --resume", (code, len(lines), "--resume" in lines[0]),
                 "==", (1, 1, True))
 
 
 @pytest.mark.parametrize("script", list(BAD_FLAGS))
-def test_every_flag_has_a_help_text(script, monkeypatch):
-    parsers = []
-
-    def capture(parser, *args, **kwargs):
-        parsers.append(parser)
-        raise SystemExit(0)
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
-    with pytest.raises(SystemExit):
-        BAD_FLAGS[script][0]([])
-    silent = [a.dest for a in parsers[0]._actions if not (a.help or "").strip()]
+def test_every_flag_has_a_help_text(script, parser_of):
+    silent = [a.dest for a in parser_of(BAD_FLAGS[script][0])._actions if not (a.help or "").strip()]
     gates.check(f"{script}: flags without a help text", silent, "==", [])
 
 
