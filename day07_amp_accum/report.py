@@ -51,3 +51,4 @@ def plot_table(rows: list[dict], path: Path) -> None:
             ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
     fig.suptitle(f"one training step of the MLP (batch {rows[0].batch}) on {rows[0].hardware}", fontsize=8)
     plots.save(fig, path)
+
