@@ -1,9 +1,12 @@
 """Day 7 gates: accumulation reproduces the big batch (except BatchNorm), GradScaler skips inf steps, fp16's range
-fails where bf16's holds, autocast stops at the loss, and bf16 halves the bytes saved for backward.
+fails where bf16's holds, autocast stops at the loss, bf16 halves the bytes saved for backward; and (optim_lab.py)
+warmup + cosine follows its formula, warmup rescues a high LR, clip_grad_norm_ does what it says, clipping before
+unscale_ is measured, and the LR rule that holds for a 4x batch is measured.
 
 Run:  python day07_amp_accum/check.py   (or `pytest day07_amp_accum`)
 """
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from day04_mlp_mnist.main import MLP
-from day07_amp_accum import main as day
+from day07_amp_accum import main as day, optim_lab
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -203,6 +206,8 @@ def test_main_writes_the_table_plot_and_a_trained_run(tmp_path):
 BAD_FLAGS = {
     "main": (day.main, [["--amp", "fp8"], ["--accum", "0"], ["--accum", "3"], ["--bench-steps", "0"],
                         ["--batch-size", "0"], ["--lr", "inf"], ["--device", "cuda"], ["--device", "gpu"]]),
+    "optim_lab": (optim_lab.main, [["--high-lr", "0"], ["--warmup-steps", "0"], ["--batch", "0"], ["--seeds", "-1"],
+                                   ["--subset", "60000"], ["--device", "cuda"]]),
 }
 
 
@@ -222,6 +227,77 @@ def test_every_flag_has_a_help_text(script, parser_of):
     gates.check(f"{script}: flags without a help text", silent, "==", [])
     if script == "main":
         gates.check("--amp lists its choices in --help", "{off,fp16,bf16}" in parser.format_help(), "==", True)
+
+
+# --- optim_lab.py: schedule, warmup, clipping, LR scaling (default settings) ------------------------------------
+@pytest.fixture(scope="module")
+def lab() -> optim_lab.Lab:
+    return optim_lab.run_lab(optim_lab.LabConfig())
+
+
+def test_warmup_cosine_follows_its_formula_at_every_step(lab):
+    warmup, total, floor = lab.config.warmup_steps, len(lab.schedule_lr), 0.05
+
+    def formula(t):  # linear from 1/W up to 1, then a cosine from 1 down to the floor
+        if t < warmup:
+            return (t + 1) / warmup
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (t - warmup) / (total - warmup)))
+
+    gates.check(f"max |LR - formula| over all {total} steps (peak 1)",
+                max(abs(lr - formula(t)) for t, lr in enumerate(lab.schedule_lr)), "<", 1e-12)
+    gates.check("LR at steps 0, warmup-1 and the last (peak 1)",
+                [round(lab.schedule_lr[i], 6) for i in (0, warmup - 1, total - 1)], "==",
+                [round(formula(i), 6) for i in (0, warmup - 1, total - 1)])
+
+
+@pytest.mark.slow
+def test_without_warmup_a_high_lr_ends_worse_than_with_it(lab):
+    no, yes = lab.warmup.values()
+    for seed, a, b in zip(lab.config.seeds, no, yes):
+        gates.check(f"validation loss without / with warmup at LR {lab.config.high_lr:g}, seed {seed}",
+                    a.val_loss / b.val_loss, ">", 1.1)
+
+
+def test_clip_grad_norm_returns_the_norm_before_clipping_and_rescales_to_max_norm(lab):
+    c = lab.clip
+    gates.check("|clip_grad_norm_ return value / global norm before clipping - 1|", abs(c.returned / c.norm_before - 1),
+                "<", 1e-6)
+    gates.check("global norm after clipping / max_norm", c.norm_after / c.max_norm, "<=", 1 + 1e-6)
+    gates.check("cosine between the gradients before and after clipping", c.cosine_before_after, ">=", 1 - 1e-6)
+    gates.check("gradients below max_norm left bit for bit unchanged", c.small_unchanged, "==", True)
+
+
+def test_the_lesson_unscales_before_it_clips(tmp_path):
+    trainer = day.AmpTrainer(dataclasses.replace(TINY, amp="fp16", grad_clip=0.1), tmp_path)
+    handed = []
+    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: handed.append(
+        optim_lab.global_norm(p.grad for p in trainer.model.parameters())))
+    x, y, _ = next(iter(trainer.loader))
+    before = trainer.train_step(x, y)["grad_norm"]
+    gates.check("|AmpTrainer fp16: norm handed to AdamW / min(unscaled norm before clipping, max_norm) - 1|",
+                abs(handed[0] / min(before, 0.1) - 1), "<", 1e-3)
+
+
+@pytest.mark.slow
+def test_clipping_before_unscale_clips_the_scaled_gradients(lab):
+    sgd, adamw = lab.clip_order["sgd"], lab.clip_order["adamw"]
+    right, wrong = optim_lab.CLIP_ORDERS
+    gates.check("gradient norm handed to SGD, clip-then-unscale / unscale-then-clip",
+                sgd[wrong].post_clip_norm / sgd[right].post_clip_norm, "<", 1e-3)
+    gates.check("SGD validation loss, clip-then-unscale minus unscale-then-clip", sgd[wrong].val_loss
+                - sgd[right].val_loss, ">", 1.0)
+    gates.check("AdamW |validation loss difference| between the two orders (dividing by sqrt(v) hides it)",
+                abs(adamw[wrong].val_loss - adamw[right].val_loss), "<", 0.05)
+
+
+@pytest.mark.slow
+def test_for_a_4x_batch_the_linear_lr_rule_reproduces_the_small_batch_run_here(lab):
+    base, _, root, linear = lab.scaling.values()
+    for i, seed in enumerate(lab.config.seeds):
+        gates.check(f"batch-128 run closest to the batch-32 validation loss, seed {seed}", lab.scaling_closest[i],
+                    "==", "batch 128, LR x4 (linear)")
+        gates.check(f"|val loss(linear) - val loss(batch 32)| / |val loss(sqrt) - val loss(batch 32)|, seed {seed}",
+                    abs(linear[i].val_loss - base[i].val_loss) / abs(root[i].val_loss - base[i].val_loss), "<", 0.5)
 
 
 # --- CUDA only -------------------------------------------------------------------------------------------------

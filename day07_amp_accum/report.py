@@ -52,3 +52,55 @@ def plot_table(rows: list[dict], path: Path) -> None:
     fig.suptitle(f"one training step of the MLP (batch {rows[0].batch}) on {rows[0].hardware}", fontsize=8)
     plots.save(fig, path)
 
+
+def write_optim_table(lab, path: Path) -> None:
+    """The optimisation lab (an optim_lab.Lab) as Markdown tables."""
+    cfg, c = lab.config, lab.clip
+    seeds = ", ".join(map(str, cfg.seeds))
+    rows = [f"Day 4 MLP (hidden {cfg.hidden}, no Dropout), AdamW unless noted, one epoch of {cfg.subset} training "
+            f"images; validation loss on 5,000 held-out images. Seeds {seeds}.", "",
+            f"**Warmup** (peak LR {cfg.high_lr:g}, batch {cfg.batch}, cosine to 5%):", "",
+            "| run | " + " | ".join(f"val loss, seed {s}" for s in cfg.seeds) + " |",
+            "| --- |" + " ---: |" * len(cfg.seeds)]
+    rows += [f"| {name} | " + " | ".join(f"{r.val_loss:.4f}" for r in runs) + " |" for name, runs in lab.warmup.items()]
+    rows += ["", f"**clip_grad_norm_** (max_norm {c.max_norm:g}, one batch's gradients × 100):", "",
+             "| figure | value |", "| --- | ---: |",
+             f"| global norm before, computed by hand | {c.norm_before:.6f} |",
+             f"| value returned by clip_grad_norm_ | {c.returned:.6f} |",
+             f"| global norm after | {c.norm_after:.6f} |",
+             f"| cosine(before, after) | {c.cosine_before_after:.8f} |",
+             f"| gradients below max_norm (norm {c.small_returned:.3f}) left unchanged | {c.small_unchanged} |",
+             "", f"**Clipping order with fp16 + GradScaler (scale 2¹⁶)**, batch {cfg.batch}, seed {cfg.seeds[0]}:", "",
+             "| optimizer | order | mean gradient norm handed to the optimizer | val loss | val acc |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for opt, runs in lab.clip_order.items():
+        rows += [f"| {opt} | {order} | {r.post_clip_norm:.3g} | {r.val_loss:.4f} | {r.val_acc:.2%} |"
+                 for order, r in runs.items()]
+    rows += ["", f"**LR scaling**, batch {cfg.base_batch} → {4 * cfg.base_batch} (same epoch, 4× fewer steps):", "",
+             "| run | " + " | ".join(f"val loss, seed {s}" for s in cfg.seeds) + " |",
+             "| --- |" + " ---: |" * len(cfg.seeds)]
+    rows += [f"| {name} | " + " | ".join(f"{r.val_loss:.4f}" for r in runs) + " |" for name, runs in lab.scaling.items()]
+    rows += ["", "Closest to the batch-32 run, per seed: " + "; ".join(lab.scaling_closest) + "."]
+    path.write_text("\n".join(rows) + "\n")
+
+
+def plot_optim(lab, path: Path) -> None:
+    """The schedule, the warmup comparison (training loss), the clipping order and the LR-scaling runs."""
+    fig, axes = plots.subplots(1, 4, figsize=(17, 3.8))
+    axes[0].plot(range(len(lab.schedule_lr)), lab.schedule_lr)
+    axes[0].set(title=f"warmup_cosine: {lab.config.warmup_steps} warmup steps", xlabel="step", ylabel="LR / peak LR")
+    for name, runs in lab.warmup.items():
+        axes[1].plot(runs[0].losses, label=f"{name}: val {runs[0].val_loss:.3f}")
+    axes[1].set(title=f"peak LR {lab.config.high_lr:g}, seed {lab.config.seeds[0]}", xlabel="step",
+                ylabel="training loss", yscale="log")
+    axes[1].legend(fontsize=8)
+    names = [f"{opt}\n{order}" for opt, runs in lab.clip_order.items() for order in runs]
+    values = [r.val_loss for runs in lab.clip_order.values() for r in runs.values()]
+    axes[2].bar(range(len(values)), values, color=["tab:blue", "tab:red"] * 2)
+    axes[2].set_xticks(range(len(values)), names, fontsize=6)
+    axes[2].set(title="fp16: unscale_ then clip, or the reverse", ylabel="validation loss")
+    for name, runs in lab.scaling.items():
+        axes[3].plot(runs[0].losses, label=f"{name}: val {runs[0].val_loss:.3f}", lw=0.9)
+    axes[3].set(title="batch x4: which LR rule", xlabel="step", ylabel="training loss", yscale="log")
+    axes[3].legend(fontsize=7)
+    plots.save(fig, path)
