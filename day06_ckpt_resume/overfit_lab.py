@@ -15,10 +15,9 @@ Gates:  python day06_ckpt_resume/check.py
 import contextlib
 import dataclasses
 import io
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
@@ -30,7 +29,7 @@ from torchvision.transforms import v2
 from day04_mlp_mnist.main import evaluate
 from day06_ckpt_resume.checkpoint import load_checkpoint, read_metrics
 from day06_ckpt_resume.main import MNIST_TRAIN, Config, Trainer
-from day06_ckpt_resume.report import machine, plot_overfit, write_overfit_table
+from day06_ckpt_resume.report import plot_overfit, write_overfit_table, write_results
 from sprint import runs_dir
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import MEAN, STD
@@ -159,12 +158,7 @@ def main(argv=None) -> Lab:
           f"best.pt holds step {result.early_stop.best_pt_step}")
     for c in result.curves.values():
         print(f"  {c.name:32s} gap (val - train loss) at epoch {lab.epochs}: {c.gap:.3f}")
-    out.mkdir(parents=True, exist_ok=True)
-    write_overfit_table(result, out / "overfit.md")
-    plot_overfit(result, out / "overfit.png")
-    summary = {**asdict(result), "machine": machine(), "wall_s": time.perf_counter() - t0}
-    (out / "overfit.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out / 'overfit.md'}, overfit.png and overfit.json")
+    write_results(out, "overfit", result, write_overfit_table, plot_overfit, t0)
     return result
 
 

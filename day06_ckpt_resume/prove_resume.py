@@ -195,17 +195,23 @@ def random_kill_points(total_steps: int, n: int, seed: int, first: int) -> list[
     return [first + int(width * (i + rng.uniform(0.2, 0.8))) for i in range(n)]
 
 
+def quietly(fn, *args):
+    """`fn(*args)` with its printing swallowed (the progress bar goes to stderr and stays)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args)
+
+
 def model_only_resume(cfg: Config, work_dir: Path, at_step: int, n_steps: int) -> OptimizerStateEffect:
     """Resume at `at_step` twice — with the optimizer state, and with the model weights only — and return the next
     `n_steps` losses of both next to those of a run that never stopped."""
     work_dir = Path(work_dir)
     uninterrupted = dataclasses.replace(cfg, max_steps=at_step + n_steps)
-    train(uninterrupted, work_dir / "uninterrupted")
-    train(dataclasses.replace(cfg, max_steps=at_step), work_dir / "stopped")
+    quietly(train, uninterrupted, work_dir / "uninterrupted")
+    quietly(train, dataclasses.replace(cfg, max_steps=at_step), work_dir / "stopped")
     losses = {}
     for name, load_optimizer in (("full", True), ("model_only", False)):
         shutil.copytree(work_dir / "stopped", work_dir / name)
-        train(uninterrupted, work_dir / name, resume=work_dir / name / "last.pt", load_optimizer=load_optimizer)
+        quietly(train, uninterrupted, work_dir / name, work_dir / name / "last.pt", load_optimizer)
         losses[name] = [r["loss"] for r in read_metrics(work_dir / name) if r["kind"] == "train"][at_step:]
     ref = [r["loss"] for r in read_metrics(work_dir / "uninterrupted") if r["kind"] == "train"][at_step:]
     return OptimizerStateEffect(at_step, ref, losses["full"], losses["model_only"],
@@ -218,12 +224,6 @@ class Proof:
     chains: dict[int, Chain]
     model_only: OptimizerStateEffect
     summary: dict  # what summary.json holds
-
-
-def quietly(fn, *args):
-    """`fn(*args)` with its printing swallowed (the progress bar goes to stderr and stays)."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return fn(*args)
 
 
 def repo_relative(path: Path) -> str:

@@ -1,7 +1,10 @@
 """Day 6 report writers: the overlay plot of the killed-and-resumed processes, the optimizer-state table, and the
 machine the figures were measured on."""
+import json
 import os
 import platform
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 from day06_ckpt_resume.checkpoint import read_metrics
@@ -16,6 +19,17 @@ def machine() -> str:
     except (OSError, StopIteration):
         model = platform.processor() or platform.machine()
     return f"{model}, {os.cpu_count()} cores"
+
+
+def write_results(out: Path, stem: str, result, table, plot, started: float) -> None:
+    """A lab's results in `out`: `<stem>.md` by `table(result, path)`, `<stem>.png` by `plot(result, path)`, and
+    `<stem>.json` (the result, the machine, the wall time since `started`, a time.perf_counter() value)."""
+    out.mkdir(parents=True, exist_ok=True)
+    table(result, out / f"{stem}.md")
+    plot(result, out / f"{stem}.png")
+    summary = {**asdict(result), "machine": machine(), "wall_s": time.perf_counter() - started}
+    (out / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out / stem}.md, {stem}.png and {stem}.json")
 
 
 def plot_overlay(reference: Path, chains: dict, path: Path) -> None:
@@ -77,13 +91,17 @@ def plot_overfit(lab, path: Path) -> None:
     fig, (left, right) = plots.subplots(1, 2, figsize=(12, 4.2))
     base, e = next(iter(lab.curves.values())), lab.early_stop
     epochs = range(1, len(base.val_loss) + 1)
-    left.plot(epochs, base.train_loss, label="training subset (eval mode)")
-    left.plot(epochs, base.val_loss, label="validation")
-    left.axvline(base.best_epoch, color="green", ls=":", label=f"lowest validation loss (epoch {base.best_epoch})")
-    left.axvline(e.stopped_after_epoch, color="red", ls="--",
-                 label=f"early stop, patience {e.patience} (epoch {e.stopped_after_epoch})")
-    left.set(title="no regularisation", xlabel="epoch", ylabel="cross-entropy", yscale="log")
-    left.legend(fontsize=8)
+    left.plot(epochs, base.train_loss, color="C0", label="training subset (eval mode), log scale")
+    left.set(title="no regularisation", xlabel="epoch", ylabel="training loss", yscale="log")
+    val = left.twinx()  # a linear axis of its own, so the turn-up of the validation loss shows
+    val.plot(epochs, base.val_loss, color="C1", label="validation, linear scale (first epochs off the top)")
+    val.set(ylabel="validation loss", ylim=(0.95 * min(base.val_loss), 1.15 * base.val_loss[-1]))
+    for ax, x, style, label in ((val, base.best_epoch, ":", f"lowest validation loss (epoch {base.best_epoch})"),
+                                (val, e.stopped_after_epoch, "--", f"early stop, patience {e.patience} "
+                                                                   f"(epoch {e.stopped_after_epoch})")):
+        ax.axvline(x, color="green" if style == ":" else "red", ls=style, label=label)
+    left.legend(*[sum(pair, []) for pair in zip(left.get_legend_handles_labels(), val.get_legend_handles_labels())],
+                fontsize=7, loc="upper center", framealpha=0.9)
     for i, c in enumerate(lab.curves.values()):
         right.plot(epochs, c.val_loss, color=f"C{i}", label=f"{c.name}: gap {c.gap:.2f}")
         right.plot(epochs, c.train_loss, color=f"C{i}", ls="--", lw=0.8)

@@ -14,11 +14,10 @@ Run:    python day07_amp_accum/optim_lab.py                                 # wr
         python day07_amp_accum/optim_lab.py --out day07_amp_accum/results   # refresh the committed figures
 Gates:  python day07_amp_accum/check.py
 """
-import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 
 from day04_mlp_mnist.main import MLP, evaluate
 from day06_ckpt_resume.main import warmup_cosine
-from day06_ckpt_resume.report import machine
+from day06_ckpt_resume.report import write_results
 from day06_ckpt_resume.sampler import split_mnist
 from day07_amp_accum.report import plot_optim, write_optim_table
 from sprint import runs_dir
@@ -208,12 +207,7 @@ def main(argv=None) -> Lab:
     for name, runs in lab.scaling.items():
         print(f"{name}: validation loss " + ", ".join(f"{r.val_loss:.4f}" for r in runs))
     print(f"closest to the batch-{cfg.base_batch} run, per seed: {lab.scaling_closest}")
-    out.mkdir(parents=True, exist_ok=True)
-    write_optim_table(lab, out / "optim.md")
-    plot_optim(lab, out / "optim.png")
-    summary = {**asdict(lab), "machine": machine(), "wall_s": time.perf_counter() - t0}
-    (out / "optim.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out / 'optim.md'}, optim.png and optim.json")
+    write_results(out, "optim", lab, write_optim_table, plot_optim, t0)
     return lab
 
 

@@ -100,7 +100,9 @@ def plot_optim(lab, path: Path) -> None:
     axes[2].set_xticks(range(len(values)), names, fontsize=6)
     axes[2].set(title="fp16: unscale_ then clip, or the reverse", ylabel="validation loss")
     for name, runs in lab.scaling.items():
-        axes[3].plot(runs[0].losses, label=f"{name}: val {runs[0].val_loss:.3f}", lw=0.9)
-    axes[3].set(title="batch x4: which LR rule", xlabel="step", ylabel="training loss", yscale="log")
+        seen = [(i + 1) / len(runs[0].losses) for i in range(len(runs[0].losses))]  # batch 128 takes 4x fewer steps
+        axes[3].plot(seen, runs[0].losses, label=f"{name}: val {runs[0].val_loss:.3f}", lw=0.9)
+    axes[3].set(title="batch x4: which LR rule", xlabel="fraction of the epoch", ylabel="training loss",
+                yscale="log")
     axes[3].legend(fontsize=7)
     plots.save(fig, path)
