@@ -277,8 +277,8 @@ def assert_failed_save_is_clean(name: str, outcome: str, cause: str, run_dir: Pa
                 and "ckpt-00000002.pt" in outcome and cause in outcome, "==", True)
     gates.check(f"{name}: temporary files left", len(list(run_dir.glob("*.tmp"))), "==", 0)
     gates.check(f"{name}: files changed", sha_of_files(run_dir) != before, "==", False)
-    gates.check(f"{name}: last.pt still loads the previous step", checkpoint.load_checkpoint(run_dir / "last.pt")["step"],
-                "==", 1)
+    gates.check(f"{name}: last.pt still loads the previous step",
+                checkpoint.load_checkpoint(run_dir / "last.pt")["step"], "==", 1)
 
 
 def test_a_write_that_hits_the_file_size_limit_part_way_keeps_the_previous_checkpoint(tmp_path):

@@ -34,8 +34,8 @@ from torch.utils.data import DataLoader
 
 from day04_mlp_mnist.main import MLP, evaluate
 from day06_ckpt_resume.checkpoint import (CheckpointError, RunLog, clean_stale_tmp, load_checkpoint, load_for_resume,
-                                          refuse_existing_run, repair_best, rng_state,
-                                          save_checkpoint, seed_everything, set_rng_state, wrapper_hint)
+                                          refuse_existing_run, repair_best, rng_state, save_checkpoint, seed_everything,
+                                          set_rng_state, wrapper_hint)
 from day06_ckpt_resume.sampler import IndexedTensors, ResumableSampler, split_mnist
 from sprint import runs_dir
 from sprint.cli import arg, from_args, parser_for, progress, run, unwritable, validate
@@ -276,9 +276,10 @@ def train(cfg: Config, run_dir: Path, resume: Path | None = None, load_optimizer
 
 def main(argv=None) -> dict:
     parser = parser_for(Config, __doc__)
-    parser.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="run folder (default: runs/day06_ckpt_resume/run-<date-time>; "
-                                                 "with --resume: the folder of the checkpoint)")
-    parser.add_argument("--resume", type=Path, default=argparse.SUPPRESS, help="checkpoint to continue from, e.g. <run folder>/last.pt")
+    parser.add_argument("--out", type=Path, default=argparse.SUPPRESS,
+                        help="run folder (default: runs/day06_ckpt_resume/run-<date-time>; with --resume: its folder)")
+    parser.add_argument("--resume", type=Path, default=argparse.SUPPRESS,
+                        help="checkpoint to continue from, e.g. <run folder>/last.pt")
     args = parser.parse_args(argv)
     cfg = from_args(Config, args, parser)
     resume, out = getattr(args, "resume", None), getattr(args, "out", None)

@@ -8,7 +8,7 @@ a plain one-hidden-layer ReLU MLP, and one run augments its batches. Day 4's MLP
 that makes the first layer's scale irrelevant and its gain is exempt from decay, so weight decay would have little
 to act on there.
 
-Run:    python day06_ckpt_resume/overfit_lab.py                                # writes to runs/day06_ckpt_resume/overfit/
+Run:    python day06_ckpt_resume/overfit_lab.py                   # writes to runs/day06_ckpt_resume/overfit/
         python day06_ckpt_resume/overfit_lab.py --out day06_ckpt_resume/results  # refresh the committed figures
 Gates:  python day06_ckpt_resume/check.py
 """

@@ -236,8 +236,9 @@ def repo_relative(path: Path) -> str:
 
 def prove(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> Proof:
     """An uninterrupted run (in this process) and, for each num_workers setting, the same run SIGKILLed at the steps
-    in `kill_at[num_workers]` and resumed (in subprocesses) — all at once, one thread per run; then the comparison, the overlay plot,
-    and what resuming without the optimizer state does. Writes summary.json, the plot and the table to `out`."""
+    in `kill_at[num_workers]` and resumed (in subprocesses) — all at once, one thread per run; then the comparison,
+    the overlay plot, and what resuming without the optimizer state does. Writes summary.json, the plot and the
+    table to `out`."""
     t0 = time.perf_counter()
     for name in ("uninterrupted", *(f"killed-w{w}" for w in kill_at), "model_only"):
         shutil.rmtree(Path(runs) / name, ignore_errors=True)
@@ -250,7 +251,8 @@ def prove(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> 
                                kill_at[w], bar.update) for w in kill_at}
         ref_job.result()
         bar.update()
-        chains = {w: Chain(w, repo_relative(runs / f"killed-w{w}"), kill_at[w], job.result()) for w, job in jobs.items()}
+        chains = {w: Chain(w, repo_relative(runs / f"killed-w{w}"), kill_at[w], job.result())
+                  for w, job in jobs.items()}
     bar.close()
     for w, chain in chains.items():
         chain.comparison = c = compare_runs(runs / "uninterrupted", runs / f"killed-w{w}", chain.segments)
@@ -282,7 +284,8 @@ def prove(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> 
 def main(argv=None) -> Proof:
     cfg, out = parse(ProofConfig, argv, __doc__, out=runs_dir(__file__, "prove"))
     total = cfg.epochs * steps_per_epoch(cfg)
-    kill_at = {w: random_kill_points(total, k, cfg.seed + w, cfg.ckpt_every + 1) for w, k in zip(cfg.workers, cfg.kills)}
+    kill_at = {w: random_kill_points(total, k, cfg.seed + w, cfg.ckpt_every + 1)
+               for w, k in zip(cfg.workers, cfg.kills)}
     return prove(cfg.run_config(), kill_at, out, runs_dir(__file__, "prove-runs"))
 
 

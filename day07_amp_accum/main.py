@@ -175,8 +175,9 @@ def precision_table(cfg: AmpConfig, steps: int = 10) -> list[PrecisionRow]:
             trainer.train_step(x, y)
             cuda_peak = torch.cuda.max_memory_allocated()
         step_s = median_seconds(lambda: trainer.train_step(x, y), repeat=steps, warmup=0)  # warmed up above
-        rows.append(PrecisionRow(amp, PRECISION[amp], 1e3 * step_s, saved, state_bytes(trainer.model, trainer.optimizer),
-                                 cuda_peak, matmul_gflops(trainer.amp_dtype, trainer.device),
+        rows.append(PrecisionRow(amp, PRECISION[amp], 1e3 * step_s, saved,
+                                 state_bytes(trainer.model, trainer.optimizer), cuda_peak,
+                                 matmul_gflops(trainer.amp_dtype, trainer.device),
                                  low_precision_hardware(trainer.device), cfg.batch_size, cfg.hidden))
     return rows
 

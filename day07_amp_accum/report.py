@@ -70,7 +70,8 @@ def write_optim_table(lab, path: Path) -> None:
              f"| global norm after | {c.norm_after:.6f} |",
              f"| cosine(before, after) | {c.cosine_before_after:.8f} |",
              f"| gradients below max_norm (norm {c.small_returned:.3f}) left unchanged | {c.small_unchanged} |",
-             "", f"**Clipping order with fp16 + GradScaler (scale 2¹⁶)**, batch {cfg.batch}, seed {cfg.seeds[0]}:", "",
+             "", f"**Clipping order with fp16 + GradScaler (scale 2¹⁶)**, batch {cfg.batch}, seed {cfg.seeds[0]}:",
+             "",
              "| optimizer | order | mean gradient norm handed to the optimizer | val loss | val acc |",
              "| --- | --- | ---: | ---: | ---: |"]
     for opt, runs in lab.clip_order.items():
@@ -79,7 +80,8 @@ def write_optim_table(lab, path: Path) -> None:
     rows += ["", f"**LR scaling**, batch {cfg.base_batch} → {4 * cfg.base_batch} (same epoch, 4× fewer steps):", "",
              "| run | " + " | ".join(f"val loss, seed {s}" for s in cfg.seeds) + " |",
              "| --- |" + " ---: |" * len(cfg.seeds)]
-    rows += [f"| {name} | " + " | ".join(f"{r.val_loss:.4f}" for r in runs) + " |" for name, runs in lab.scaling.items()]
+    rows += [f"| {name} | " + " | ".join(f"{r.val_loss:.4f}" for r in runs) + " |"
+             for name, runs in lab.scaling.items()]
     rows += ["", "Closest to the batch-32 run, per seed: " + "; ".join(lab.scaling_closest) + "."]
     path.write_text("\n".join(rows) + "\n")
 
