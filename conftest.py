@@ -1,12 +1,15 @@
-"""Repo-wide pytest setup: headless plots, `gpu` gates skipped without CUDA, and the gate table at the end."""
+"""Repo-wide pytest setup: headless plots, `gpu` gates skipped without CUDA, torch's process-wide settings given back
+after each test module, fixtures that run a script's command line, and the gate table at the end."""
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")  # plots render to files; no display needed
 
+import argparse
+
 import pytest
 import torch
 
-from sprint import gates
+from sprint import cli, gates
 
 
 def pytest_collection_modifyitems(config, items):
@@ -16,6 +19,58 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def restore_torch_globals():
+    """Trainers set the thread count and deterministic mode for their process; give pytest's back after each module."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """`run_cli(main, argv)` runs a script's `main` as its command line does (`sprint.cli.run`) and expects it to
+    exit: returns (exit code, the non-empty lines it wrote to stderr)."""
+    def run_(main, argv):
+        with pytest.raises(SystemExit) as exc:
+            cli.run(main, argv)
+        return exc.value.code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+    return run_
+
+
+@pytest.fixture
+def refused_flags(run_cli, tmp_path):
+    """`refused_flags(main, argv)` for a bad command line: (exit code, lines saying `error:`, whether the `--out`
+    folder it was given got created). The bar every script must meet is (2, 1, False)."""
+    def refused(main, argv):
+        out = tmp_path / "out"
+        code, lines = run_cli(main, [*argv, "--out", str(out)])
+        return code, sum("error:" in line for line in lines), out.exists()
+
+    return refused
+
+
+@pytest.fixture
+def parser_of(monkeypatch):
+    """`parser_of(main)`: the ArgumentParser a script's `main` builds, caught when it parses (no work is done)."""
+    def parser_(main):
+        caught = []
+
+        def catch(parser, *args, **kwargs):
+            caught.append(parser)
+            raise SystemExit(0)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(argparse.ArgumentParser, "parse_args", catch)
+            with pytest.raises(SystemExit):
+                main([])
+        return caught[0]
+
+    return parser_
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -9,20 +9,20 @@ of the batch, so the summed gradient is the full batch's and only one micro-batc
 
 Then the fp32 / fp16 / bf16 table: step time, and memory — on CUDA `torch.cuda.max_memory_allocated`, on CPU the
 bytes autograd saves for backward (`saved_tensors_hooks`) — next to what stays the same (parameters, gradients,
-optimizer state). On a CPU without native bf16/fp16 (like the 2-core machine this was written on) low precision is
-*slower*: the table says so, and says why (matmul GFLOP/s).
+optimizer state). On a CPU without native bf16/fp16 low precision is *slower*: the table says so, and says why
+(matmul GFLOP/s). Schedules, clipping and batch-size scaling are measured in `optim_lab.py`.
 
-Run:    python day07_amp_accum/main.py          (~1 min: the table, then a bf16 run with 4-way accumulation)
-        python day07_amp_accum/main.py --amp fp16 --accum 2 --out-runs runs/day07_amp_accum/fp16
+Run:    python day07_amp_accum/main.py                       # the table and a bf16 run with 4-way accumulation
+        python day07_amp_accum/main.py --amp fp16 --accum 2
+        python day07_amp_accum/main.py --out day07_amp_accum/results   # refresh the committed figures
 Gates:  python day07_amp_accum/check.py
 """
 import argparse
 import dataclasses
 import json
 import os
-import shutil
-import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,30 +33,31 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from day06_ckpt_resume.main import Config, Trainer, config_from_args, config_parser
+from day06_ckpt_resume.checkpoint import refuse_existing_run
+from day06_ckpt_resume.main import Config, Trainer
+from day07_amp_accum.report import plot_table, write_table
+from sprint import runs_dir
+from sprint.cli import arg, from_args, parser_for, run, unwritable
+from sprint.measure import median_seconds, saved_bytes
 
-OUT_DIR = Path(__file__).resolve().parent / "results"
-RUNS_DIR = Path(__file__).resolve().parents[1] / "runs" / "day07_amp_accum"
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 PRECISION = {"off": "fp32", "fp16": "fp16 autocast", "bf16": "bf16 autocast"}
 
 
 @dataclass
 class AmpConfig(Config):
-    amp: str = "bf16"  # off | fp16 | bf16: the dtype autocast runs matmuls in (fp16 also turns on GradScaler)
-    accum: int = 4  # micro-batches per optimizer step; batch_size stays the batch the optimizer sees
-    batch_size: int = 128
-    train_subset: int = 8192  # bf16 is ~9x slower than fp32 on a CPU without native bf16: keep the demo small
-    epochs: int = 2
-    warmup_steps: int = 20  # of 128 steps in all
-    threads: int = 1  # on a busy 2-core machine, 2 OpenMP threads made every step ~20x slower (spinning)
+    amp: str = arg("bf16", "autocast dtype of the forward pass (fp16 also turns on the GradScaler)",
+                   choices=tuple(AMP_DTYPES))
+    accum: int = arg(4, "micro-batches per optimizer step (must divide --batch-size)", gt=0)
+    train_subset: int = arg(8192, "train on the first N of the remaining images; 0: all of them", ge=0)
+    epochs: int = arg(2, "passes over the training split", gt=0)
+    warmup_steps: int = arg(20, "steps of linear warmup before the cosine decay", ge=0)
+    threads: int = arg(1, "torch threads (one per process is the fast setting on a shared 2-core machine)", ge=0)
 
     def __post_init__(self):
         super().__post_init__()
-        if self.amp not in AMP_DTYPES:
-            raise ValueError(f"amp must be one of {sorted(AMP_DTYPES)}, got {self.amp!r}")
-        if self.accum < 1 or self.batch_size % self.accum:
-            raise ValueError(f"accum must be >= 1 and divide batch_size={self.batch_size}, got {self.accum}")
+        if self.batch_size % self.accum:
+            raise ValueError(f"--accum must divide --batch-size {self.batch_size}, got {self.accum}")
 
 
 def accumulate_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batch: int, amp_dtype,
@@ -110,25 +111,8 @@ class AmpTrainer(Trainer):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Measuring: bytes saved for backward, what does not shrink, step time, matmul throughput
+# Measuring: what does not shrink, matmul throughput, the precision table
 # ---------------------------------------------------------------------------------------------------------------
-def saved_for_backward_bytes(fn, model: nn.Module) -> int:
-    """Bytes of the tensors autograd saves for backward while `fn` runs: each storage once, the parameters left out
-    (they are in memory anyway). Autocast's low-precision copies of the weights are new memory, so they count."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            storages[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(storages.values())
-
-
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Parameters + gradients + optimizer state: what autocast does not touch."""
     tensors = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None),
@@ -137,15 +121,11 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 
 def matmul_gflops(amp_dtype, device: torch.device, n: int = 256, reps: int = 5) -> float:
-    """Best-of-`reps` throughput of an n×n matmul under autocast: what the hardware can do in that precision."""
+    """Throughput of an n×n matmul under autocast (median of `reps`): what the hardware can do in that precision."""
     a = torch.randn(n, n, device=device)
-    best = float("inf")
     with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        for _ in range(reps + 1):  # the first call is a warm-up (kernel selection, JIT)
-            t0 = time.perf_counter()
-            (a @ a).sum().item()  # .item() waits for the device
-            best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e9
+        seconds = median_seconds(lambda: (a @ a).sum().item(), repeat=reps)  # .item() waits for the device
+    return 2 * n ** 3 / seconds / 1e9
 
 
 def low_precision_hardware(device: torch.device) -> str:
@@ -163,42 +143,63 @@ def low_precision_hardware(device: torch.device) -> str:
             + (f"; oneDNN capped at {capped} by ONEDNN_MAX_CPU_ISA" if capped else ""))
 
 
-def precision_table(cfg: AmpConfig, run_dir: Path, steps: int = 10) -> list[dict]:
+@dataclass
+class PrecisionRow:
+    """One training step of the MLP in one precision, measured."""
+    amp: str
+    precision: str
+    step_ms: float  # median over the timed steps
+    saved_bytes: int  # saved for backward (saved_tensors_hooks), parameters excluded
+    state_bytes: int  # parameters + gradients + AdamW state
+    cuda_peak_bytes: int | None  # torch.cuda.max_memory_allocated() during one step; None off CUDA
+    matmul_gflops: float
+    hardware: str
+    batch: int
+    hidden: int
+
+
+def precision_table(cfg: AmpConfig, steps: int = 10) -> list[PrecisionRow]:
     """One row per precision: median step time over `steps` steps (no accumulation), bytes saved for backward,
     parameter+gradient+optimizer bytes, CUDA peak memory (CUDA only) and matmul GFLOP/s."""
     rows = []
     for amp in AMP_DTYPES:
-        trainer = AmpTrainer(dataclasses.replace(cfg, amp=amp, accum=1), Path(run_dir) / amp)
+        with tempfile.TemporaryDirectory() as scratch:  # the trainers only step: they write no files
+            trainer = AmpTrainer(dataclasses.replace(cfg, amp=amp, accum=1), Path(scratch))
         x, y, _ = next(iter(trainer.loader))
         x, y = x.to(trainer.device), y.to(trainer.device)
         trainer.train_step(x, y)  # warm-up: allocations, AdamW state
-        saved = saved_for_backward_bytes(lambda: trainer.train_step(x, y), trainer.model)
+        saved = saved_bytes(lambda: trainer.train_step(x, y), skip=trainer.model)
         cuda_peak = None
         if trainer.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
             trainer.train_step(x, y)
             cuda_peak = torch.cuda.max_memory_allocated()
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            trainer.train_step(x, y)  # ends in loss.item(): the device has finished the step
-            times.append(time.perf_counter() - t0)
-        rows.append({"amp": amp, "precision": PRECISION[amp], "step_ms": 1e3 * statistics.median(times),
-                     "saved_bytes": saved, "state_bytes": state_bytes(trainer.model, trainer.optimizer),
-                     "cuda_peak_bytes": cuda_peak, "matmul_gflops": matmul_gflops(trainer.amp_dtype, trainer.device),
-                     "hardware": low_precision_hardware(trainer.device), "batch": cfg.batch_size,
-                     "hidden": cfg.hidden})
+        step_s = median_seconds(lambda: trainer.train_step(x, y), repeat=steps, warmup=0)  # warmed up above
+        rows.append(PrecisionRow(amp, PRECISION[amp], 1e3 * step_s, saved,
+                                 state_bytes(trainer.model, trainer.optimizer), cuda_peak,
+                                 matmul_gflops(trainer.amp_dtype, trainer.device),
+                                 low_precision_hardware(trainer.device), cfg.batch_size, cfg.hidden))
     return rows
 
 
-def fp16_range_figures() -> dict:
+@dataclass
+class RangeFigures:
+    fp16_70000: float  # 70,000 through an fp16 autocast matmul
+    bf16_70000: float
+    zero_fraction_fp32: float  # weight gradients of 2^-28 per output that come out 0
+    zero_fraction_fp16_unscaled: float
+    zero_fraction_fp16_scaled: float  # with a GradScaler at 2^16
+    rel_error_fp16_scaled: float  # of the scaled-then-unscaled fp16 gradients against fp32
+
+
+def fp16_range_figures() -> RangeFigures:
     """fp16 has 5 exponent bits, bf16 has fp32's 8. Overflow: 70,000 > fp16's max 65,504. Underflow: gradients of
     2^-28 (~3.7e-9) fall below fp16's smallest subnormal 2^-24 and become 0 — unless the loss is scaled first."""
     device = "cpu"
-    figures = {}
+    overflow = {}
     for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         with torch.autocast(device, dtype=dtype):
-            figures[f"{name}_70000"] = (torch.tensor([[70000.0]]) @ torch.ones(1, 1)).float().item()
+            overflow[name] = (torch.tensor([[70000.0]]) @ torch.ones(1, 1)).float().item()
 
     torch.manual_seed(0)
     layer, x = nn.Linear(64, 64), torch.randn(32, 64)
@@ -216,104 +217,50 @@ def fp16_range_figures() -> dict:
     reference = weight_grad(None, torch.amp.GradScaler(device, enabled=False))
     plain = weight_grad(torch.float16, torch.amp.GradScaler(device, enabled=False))
     scaled = weight_grad(torch.float16, torch.amp.GradScaler(device, init_scale=2.0 ** 16))
-    figures.update(zero_fraction_fp32=(reference == 0).float().mean().item(),
-                   zero_fraction_fp16_unscaled=(plain == 0).float().mean().item(),
-                   zero_fraction_fp16_scaled=(scaled == 0).float().mean().item(),
-                   rel_error_fp16_scaled=((scaled - reference).norm() / reference.norm()).item())
-    return figures
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Reporting
-# ---------------------------------------------------------------------------------------------------------------
-def write_table(rows: list[dict], ranges: dict, path: Path) -> None:
-    fp32 = rows[0]
-    on_cuda = fp32["cuda_peak_bytes"] is not None
-    lines = [f"Device: {fp32['hardware']}.", "",
-             f"MLP 784-{fp32['hidden']}-10, batch {fp32['batch']}, one optimizer step (forward + loss + backward + "
-             "AdamW), no accumulation.", "",
-             "| precision | step time, median (ms) | × fp32 | bytes saved for backward (KiB) | × fp32 "
-             "| params + grads + AdamW state (KiB) | CUDA peak allocated (KiB) | matmul 256³ (GFLOP/s) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        peak = f"{r['cuda_peak_bytes'] / 1024:.0f}" if on_cuda else "n/a (CPU)"
-        lines.append(f"| {r['precision']} | {r['step_ms']:.2f} | {r['step_ms'] / fp32['step_ms']:.2f} "
-                     f"| {r['saved_bytes'] / 1024:.0f} | {r['saved_bytes'] / fp32['saved_bytes']:.2f} "
-                     f"| {r['state_bytes'] / 1024:.0f} | {peak} | {r['matmul_gflops']:.1f} |")
-    lines += ["", "What each column measures:",
-              "- *step time*: wall time of one `AmpTrainer.train_step` (median of repeated steps on one batch).",
-              "- *bytes saved for backward*: tensors autograd keeps for the backward pass, captured with "
-              "`torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded (autocast's "
-              "low-precision weight copies included). This is the activation memory AMP can shrink.",
-              "- *params + grads + AdamW state*: `nbytes` of every parameter, gradient and optimizer-state tensor "
-              "after a step. Autocast leaves all of them fp32.",
-              "- *CUDA peak allocated*: `torch.cuda.max_memory_allocated()` during one step (CUDA only).",
-              "- *matmul*: a 256×256 matmul under the same autocast setting, best of 5.", "",
-              "| range check | value |", "| --- | ---: |",
-              f"| 70000 through an fp16 autocast matmul | {ranges['fp16_70000']} |",
-              f"| 70000 through a bf16 autocast matmul | {ranges['bf16_70000']} |",
-              f"| weight gradients that are 0, fp32 (gradients of 2⁻²⁸) | {ranges['zero_fraction_fp32']:.3f} |",
-              f"| ... fp16 autocast, no loss scaling | {ranges['zero_fraction_fp16_unscaled']:.3f} |",
-              f"| ... fp16 autocast, GradScaler (scale 2¹⁶) | {ranges['zero_fraction_fp16_scaled']:.3f} |",
-              f"| relative error of the scaled fp16 gradients vs fp32 | {ranges['rel_error_fp16_scaled']:.1e} |"]
-    path.write_text("\n".join(lines) + "\n")
-
-
-def plot_table(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [r["precision"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    panels = [("step_ms", "step time (ms, median)"),
-              ("saved_bytes", "bytes saved for backward (KiB)\nsaved_tensors_hooks, parameters excluded"),
-              ("state_bytes", "params + grads + AdamW state (KiB)")]
-    for ax, (key, title) in zip(axes, panels):
-        values = [r[key] / (1024 if key != "step_ms" else 1) for r in rows]
-        ax.bar(names, values, color=["tab:gray", "tab:orange", "tab:blue"])
-        ax.set_title(title, fontsize=9)
-        for i, v in enumerate(values):
-            ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-    fig.suptitle(f"one training step of the MLP (batch {rows[0]['batch']}) on {rows[0]['hardware']}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return RangeFigures(overflow["fp16"], overflow["bf16"], *((g == 0).float().mean().item()
+                                                             for g in (reference, plain, scaled)),
+                        ((scaled - reference).norm() / reference.norm()).item())
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[config_parser(AmpConfig)])
+    parser = parser_for(AmpConfig, __doc__, out=runs_dir(__file__))
     parser.add_argument("--bench-steps", type=int, default=10, help="timed steps per precision in the table")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="where the table, plot and summary go")
-    parser.add_argument("--out-runs", type=Path, default=RUNS_DIR / "run", help="the training run (wiped first)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = config_from_args(AmpConfig, args, parser)
-    args.out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(args.out_runs, ignore_errors=True)
+    parser.add_argument("--run-dir", type=Path, default=argparse.SUPPRESS,
+                        help="the training run's folder (default: runs/day07_amp_accum/run-<date-time>)")
+    args = parser.parse_args(argv)
+    cfg = from_args(AmpConfig, args, parser)
+    run_dir = getattr(args, "run_dir", None) or runs_dir(__file__, time.strftime("run-%Y%m%d-%H%M%S"))
+    if args.bench_steps < 1:
+        parser.error(f"--bench-steps must be > 0, got {args.bench_steps}")
+    for flag, path in (("--out", args.out), ("--run-dir", run_dir)):
+        if why := unwritable(path):
+            parser.error(f"{flag} {path}: {why}")
+    refuse_existing_run(run_dir)
+    t0 = time.perf_counter()
 
     print(f"precision table: {args.bench_steps} steps each of fp32, fp16 and bf16 ...")
-    rows = precision_table(cfg, args.out_runs / "bench", args.bench_steps)
+    rows = precision_table(cfg, args.bench_steps)
     ranges = fp16_range_figures()
     for r in rows:
-        print(f"  {r['precision']:14s} {r['step_ms']:8.2f} ms/step  "
-              f"saved for backward {r['saved_bytes'] / 1024:7.0f} KiB  "
-              f"params+grads+AdamW {r['state_bytes'] / 1024:6.0f} KiB  matmul {r['matmul_gflops']:7.1f} GFLOP/s")
-    print(f"70000 in fp16: {ranges['fp16_70000']}, in bf16: {ranges['bf16_70000']}; gradients of 2^-28 that "
-          f"vanish in fp16: {ranges['zero_fraction_fp16_unscaled']:.0%} unscaled, "
-          f"{ranges['zero_fraction_fp16_scaled']:.0%} with GradScaler")
+        print(f"  {r.precision:14s} {r.step_ms:8.2f} ms/step  saved for backward {r.saved_bytes / 1024:7.0f} KiB  "
+              f"params+grads+AdamW {r.state_bytes / 1024:6.0f} KiB  matmul {r.matmul_gflops:7.1f} GFLOP/s")
+    print(f"70000 in fp16: {ranges.fp16_70000}, in bf16: {ranges.bf16_70000}; gradients of 2^-28 that vanish in "
+          f"fp16: {ranges.zero_fraction_fp16_unscaled:.0%} unscaled, {ranges.zero_fraction_fp16_scaled:.0%} with "
+          "GradScaler")
+    args.out.mkdir(parents=True, exist_ok=True)
     write_table(rows, ranges, args.out / "precision.md")
     plot_table(rows, args.out / "precision.png")
 
     print(f"training: amp={cfg.amp}, {cfg.accum} micro-batches of {cfg.batch_size // cfg.accum} per step ...")
-    t0 = time.perf_counter()
-    result = AmpTrainer(cfg, args.out_runs / "train").fit()
-    result["wall_s"] = time.perf_counter() - t0
-    summary = {"config": asdict(cfg), "table": rows, "ranges": ranges, "training": result}
+    t_train = time.perf_counter()
+    result = AmpTrainer(cfg, run_dir).fit()
+    summary = {"config": asdict(cfg), "table": [asdict(r) for r in rows], "ranges": asdict(ranges),
+               "training": {**result, "wall_s": time.perf_counter() - t_train},
+               "wall_s": time.perf_counter() - t0}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {args.out / 'precision.md'}, precision.png and summary.json")
     return summary
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

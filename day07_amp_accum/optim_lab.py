@@ -1,0 +1,215 @@
+"""Day 7 lab — schedules, clipping and batch-size scaling, measured on the Day 4 MLP.
+
+1. Warmup + cosine: Day 6's `warmup_cosine` stepped through a whole run (check.py compares every step with the
+   formula). At a high peak LR, the same run without warmup ends with a worse validation loss: the first AdamW steps
+   move every weight by about the full LR whatever its gradient, before the second-moment estimates mean anything.
+2. `clip_grad_norm_` returns the global norm *before* clipping and rescales all gradients together, so their global
+   norm after it is at most `max_norm` and their direction is unchanged.
+3. With fp16 and a GradScaler, clipping before `unscale_` clips the *scaled* gradients: every step is cut to
+   max_norm / scale. SGD then barely moves; AdamW hides it, because dividing by √v cancels a uniform rescale.
+4. Batch 32 → 128 (4× fewer steps for the same epoch): the linear rule (LR × 4) and the square-root rule (LR × 2)
+   against the batch-32 run; which one reproduces it here is measured, not assumed.
+
+Run:    python day07_amp_accum/optim_lab.py                                 # writes to runs/day07_amp_accum/optim/
+        python day07_amp_accum/optim_lab.py --out day07_amp_accum/results   # refresh the committed figures
+Gates:  python day07_amp_accum/check.py
+"""
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
+
+import torch
+import torch.nn.functional as F
+
+from day04_mlp_mnist.main import MLP, evaluate
+from day06_ckpt_resume.main import warmup_cosine
+from day06_ckpt_resume.report import write_results
+from day06_ckpt_resume.sampler import split_mnist
+from day07_amp_accum.report import plot_optim, write_optim_table
+from sprint import runs_dir
+from sprint.cli import arg, parse, progress, run, validate
+from sprint.device import pick_device
+
+CLIP_ORDERS = ("unscale, then clip", "clip, then unscale")
+
+
+@dataclass
+class LabConfig:
+    subset: int = arg(8192, "training images (one epoch per run)", gt=0, le=55000)
+    hidden: int = arg(256, "hidden units of the MLP", gt=0)
+    batch: int = arg(128, "batch size of the warmup and clipping runs", gt=0)
+    high_lr: float = arg(3e-2, "peak LR of the warmup comparison (15x Day 6's default)", gt=0)
+    warmup_steps: int = arg(13, "warmup steps of the warmup run (of 64 at the default subset and batch)", gt=0)
+    clip: float = arg(1.0, "max_norm of clip_grad_norm_", gt=0)
+    sgd_lr: float = arg(0.1, "SGD (momentum 0.9) LR of the clipping-order runs", gt=0)
+    adamw_lr: float = arg(2e-3, "AdamW LR of the clipping-order runs", gt=0)
+    base_batch: int = arg(32, "batch of the LR-scaling base run; the others use 4x", gt=0)
+    base_lr: float = arg(1e-3, "AdamW LR of the LR-scaling base run", gt=0)
+    seeds: tuple[int, ...] = arg((0, 1), "seeds of the warmup and LR-scaling comparisons", ge=0)
+    device: str = arg("cpu", "cpu, cuda, cuda:N or mps (fp16 autocast runs on each)")
+
+    def __post_init__(self):
+        validate(self)
+
+
+@dataclass
+class Run:
+    """One training run of the MLP: one epoch of the subset, then the validation split."""
+    val_loss: float
+    val_acc: float
+    losses: list[float]  # training loss at every step
+    post_clip_norm: float | None  # mean global gradient norm the optimizer was handed (clipping runs only)
+
+
+@dataclass
+class ClipFacts:
+    """clip_grad_norm_ on one batch's gradients, once above max_norm and once below."""
+    max_norm: float
+    returned: float  # what clip_grad_norm_ returned
+    norm_before: float  # global norm computed by hand before the call
+    norm_after: float
+    cosine_before_after: float  # direction kept?
+    small_returned: float  # the same gradients scaled below max_norm
+    small_unchanged: bool  # ... are left bit for bit as they were
+
+
+@dataclass
+class Lab:
+    config: LabConfig
+    schedule_lr: list[float]  # the LR warmup_cosine gives at every step of a 64-step run, peak 1
+    warmup: dict[str, list[Run]]  # "no warmup" / "warmup": one run per seed
+    clip: ClipFacts
+    clip_order: dict[str, dict[str, Run]]  # optimizer -> order -> run
+    scaling: dict[str, list[Run]]  # "batch 32" / "batch 128, same LR" / "... LR x2 (square root)" / "... x4 (linear)"
+    scaling_closest: list[str]  # per seed: the batch-128 run whose validation loss is nearest the batch-32 run's
+
+
+def global_norm(grads) -> float:
+    """The norm of all gradients taken together, as clip_grad_norm_ measures it."""
+    return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+
+
+def train_mlp(cfg: LabConfig, data, *, lr: float, batch: int, warmup: int, seed: int, optimizer: str = "adamw",
+              clip_order: str | None = None) -> Run:
+    """One epoch of the MLP with warmup + cosine. With `clip_order`: fp16 autocast, a GradScaler at 2^16 and
+    clip_grad_norm_ before or after unscale_."""
+    (x, y), (x_val, y_val) = data
+    device = x.device
+    torch.manual_seed(seed)
+    model = MLP(784, cfg.hidden, 10, dropout=0.0).to(device)
+    opt = (torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0) if optimizer == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+    scheduler = warmup_cosine(opt, warmup, math.ceil(len(x) / batch), min_ratio=0.05)
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 16, enabled=clip_order is not None)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed)).to(device)
+    losses, norms = [], []
+    for idx in order.split(batch):
+        with torch.autocast(device.type, dtype=torch.float16, enabled=clip_order is not None):
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if clip_order == "unscale, then clip":
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        elif clip_order == "clip, then unscale":  # the mistake: the threshold meets the scaled gradients
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            scaler.unscale_(opt)
+        if clip_order:
+            norms.append(global_norm(p.grad for p in model.parameters()))
+        scaler.step(opt)
+        scaler.update()
+        scheduler.step()
+        losses.append(loss.item())
+    ev = evaluate(model, x_val, y_val)
+    return Run(ev["loss"], ev["acc"], losses, sum(norms) / len(norms) if norms else None)
+
+
+def schedule_lr(warmup: int, total: int, min_ratio: float = 0.05) -> list[float]:
+    """The LR of every step of a `total`-step run under Day 6's warmup_cosine, peak LR 1."""
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    scheduler, lrs = warmup_cosine(opt, warmup, total, min_ratio), []
+    for _ in range(total):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        scheduler.step()
+    return lrs
+
+
+def clip_facts(cfg: LabConfig, data) -> ClipFacts:
+    """Gradients of one batch (the loss scaled up so their norm exceeds max_norm), clipped by clip_grad_norm_."""
+    (x, y), _ = data
+    torch.manual_seed(0)
+    model = MLP(784, cfg.hidden, 10, dropout=0.0).to(x.device)
+    (100 * F.cross_entropy(model(x[:cfg.batch]), y[:cfg.batch])).backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    norm_before = global_norm(before)
+    returned = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()
+    after = [p.grad.clone() for p in model.parameters()]
+    flat = [torch.cat([g.flatten() for g in grads]).double() for grads in (before, after)]
+    for p in model.parameters():  # a tenth of max_norm: clip_grad_norm_ must leave them alone
+        p.grad.mul_(0.1)
+    small = [p.grad.clone() for p in model.parameters()]
+    small_returned = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()
+    unchanged = all(torch.equal(a, p.grad) for a, p in zip(small, model.parameters()))
+    return ClipFacts(cfg.clip, returned, norm_before, global_norm(after),
+                     F.cosine_similarity(*flat, dim=0).item(), small_returned, unchanged)
+
+
+def run_lab(cfg: LabConfig) -> Lab:
+    device = pick_device(cfg.device)
+    (x, y), (x_val, y_val) = split_mnist(5000, cfg.subset)
+    data = ((x.to(device), y.to(device)), (x_val.to(device), y_val.to(device)))
+    n_runs = 2 * len(cfg.seeds) + 4 + 4 * len(cfg.seeds)
+    bar = progress(total=n_runs, unit="run")
+
+    def train(**kwargs) -> Run:
+        result = train_mlp(cfg, data, **kwargs)
+        bar.update()
+        return result
+
+    warmup = {name: [train(lr=cfg.high_lr, batch=cfg.batch, warmup=w, seed=s) for s in cfg.seeds]
+              for name, w in (("no warmup", 0), (f"warmup {cfg.warmup_steps} steps", cfg.warmup_steps))}
+    clip_order = {opt: {order: train(lr=lr, batch=cfg.batch, warmup=cfg.warmup_steps, seed=cfg.seeds[0],
+                                     optimizer=opt, clip_order=order) for order in CLIP_ORDERS}
+                  for opt, lr in (("adamw", cfg.adamw_lr), ("sgd", cfg.sgd_lr))}
+    big, steps = 4 * cfg.base_batch, math.ceil(cfg.subset / cfg.base_batch)
+    scaling = {f"batch {cfg.base_batch}, LR {cfg.base_lr:g}": [
+        train(lr=cfg.base_lr, batch=cfg.base_batch, warmup=steps // 20, seed=s) for s in cfg.seeds]}
+    for name, factor in (("same LR", 1), ("LR x2 (square root)", 2), ("LR x4 (linear)", 4)):
+        scaling[f"batch {big}, {name}"] = [train(lr=cfg.base_lr * factor, batch=big, warmup=steps // 80, seed=s)
+                                           for s in cfg.seeds]
+    bar.close()
+    base = next(iter(scaling.values()))
+    closest = [min(list(scaling)[1:], key=lambda k: abs(scaling[k][i].val_loss - base[i].val_loss))
+               for i in range(len(cfg.seeds))]
+    total = math.ceil(cfg.subset / cfg.batch)
+    return Lab(cfg, schedule_lr(cfg.warmup_steps, total), warmup, clip_facts(cfg, data), clip_order, scaling,
+               closest)
+
+
+def main(argv=None) -> Lab:
+    cfg, out = parse(LabConfig, argv, __doc__, out=runs_dir(__file__, "optim"))
+    t0 = time.perf_counter()
+    lab = run_lab(cfg)
+    for name, runs in lab.warmup.items():
+        print(f"peak LR {cfg.high_lr:g}, {name}: validation loss "
+              + ", ".join(f"{r.val_loss:.4f}" for r in runs) + f" (seeds {cfg.seeds})")
+    c = lab.clip
+    print(f"clip_grad_norm_ returned {c.returned:.4f} (global norm before: {c.norm_before:.4f}); after: "
+          f"{c.norm_after:.6f} <= {c.max_norm:g}")
+    for opt, runs in lab.clip_order.items():
+        print(f"{opt}: " + "; ".join(f"{order}: gradient norm handed to the optimizer {r.post_clip_norm:.3g}, "
+                                     f"validation loss {r.val_loss:.4f}" for order, r in runs.items()))
+    for name, runs in lab.scaling.items():
+        print(f"{name}: validation loss " + ", ".join(f"{r.val_loss:.4f}" for r in runs))
+    print(f"closest to the batch-{cfg.base_batch} run, per seed: {lab.scaling_closest}")
+    write_results(out, "optim", lab, write_optim_table, plot_optim, t0)
+    return lab
+
+
+if __name__ == "__main__":
+    run(main)
