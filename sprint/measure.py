@@ -4,6 +4,7 @@ counts, and the machine a timing belongs to.
 Timing convention: the median of `repeat` calls after `warmup` untimed ones, with CUDA synchronised around each
 call. Timings are machine-specific, so figures that gates compare are ratios measured in the same run.
 """
+import os
 import platform
 import statistics
 import time
@@ -147,3 +148,10 @@ def machine() -> str:
     except OSError:
         pass
     return f"{name} ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"
+
+
+def quiet_profiler() -> None:
+    """Without CUDA, keep torch.profiler's Kineto from printing GPU probes ("gpuGetDeviceCount failed") and
+    start/stop marks to stderr; call before the first profile. With CUDA its messages stay: they can matter."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above Kineto's highest level: nothing printed
