@@ -19,9 +19,7 @@ import gzip
 import json
 import math
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +33,8 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from day04_mlp_mnist.main import MLP
+from day11_profile.bands import BANDS, band_of, classify  # noqa: F401 (re-exported for check.py)
+from day11_profile.gpu_util import gpu_utilisation
 from sprint.data import MEAN, STD, mnist, mnist_tensors
 from sprint.device import pick_device
 
@@ -43,32 +43,6 @@ OUT_DIR = HERE / "results"
 PROF_DIR = HERE / "prof"  # traces are big: git-ignored
 LABELS = ("data", "forward", "backward", "optimizer")  # the record_function ranges every step is split into
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # skip step 1 (start-up), warm up on 2, record 3-5
-
-# data/step -> verdict. The curriculum (§9) gives < 5%, 20-60% and > 100%; the gaps are filled here:
-# 5-20% is below the 20% at which it says moving work off the data path pays, and 60-100% means the step
-# waits for data almost as long as it computes. Each band is [lower, upper).
-BANDS = [
-    (0.05, "compute-bound", "the device is the bottleneck: a better device, mixed precision or a smaller model"),
-    (0.20, "mostly compute-bound", "data loading is visible but under 20% of a step: leave the pipeline alone"),
-    (0.60, "partly data-bound", "more workers, pin_memory, augmentation on the device, a faster storage format"),
-    (1.00, "mostly data-bound", "the step waits for data almost as long as it computes: fix the pipeline first"),
-    (math.inf, "data-bound", "the device idles waiting for data: fix the pipeline before buying hardware"),
-]
-
-
-def classify(ratio: float) -> str:
-    """The verdict for a measured data-time / step-time ratio."""
-    if not ratio >= 0:  # also rejects NaN
-        raise ValueError(f"data/step ratio must be a number >= 0, got {ratio!r}")
-    return next(verdict for upper, verdict, _ in BANDS if ratio < upper)
-
-
-def band_of(verdict: str) -> tuple[float, float]:
-    """The [lower, upper) data/step range a verdict stands for."""
-    uppers = [0.0] + [upper for upper, _, _ in BANDS]
-    i = [v for _, v, _ in BANDS].index(verdict)
-    return uppers[i], uppers[i + 1]
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # The pipelines: one change at a time, from the learner's first version to the fixed one.
@@ -248,42 +222,6 @@ def time_epoch(stage: Stage, device: torch.device, max_samples: int | None, seed
             "mean_loss": mean_loss}
 
 
-def gpu_utilisation(run, device: torch.device, min_seconds: float) -> float | None:
-    """Mean GPU utilisation (NVML, %) while `run()` is repeated for at least `min_seconds`; None without a reading."""
-    samples, done = [], threading.Event()
-
-    def sample():
-        while not done.wait(0.2):  # NVML averages over its own 1/6-1 s window
-            value = read_gpu_utilisation(device)
-            if value is not None:
-                samples.append(value)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < min_seconds:
-        run()
-    done.set()
-    sampler.join()
-    return statistics.mean(samples) if samples else None
-
-
-def read_gpu_utilisation(device: torch.device) -> float | None:
-    """torch.cuda.utilization() (needs the nvidia-ml-py package), else nvidia-smi, else None."""
-    try:
-        return float(torch.cuda.utilization(device))
-    except (ModuleNotFoundError, RuntimeError):
-        pass
-    uuid = str(torch.cuda.get_device_properties(device).uuid)
-    uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid  # nvidia-smi -i wants the GPU- prefix
-    try:
-        out = subprocess.run(["nvidia-smi", "-i", uuid, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=5, check=True).stdout
-        return float(out.strip())
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-
-
 # ---------------------------------------------------------------------------------------------------------------
 
 def run_study(device: torch.device, max_samples: int | None = None, batch_size: int = 64, big_batch: int = 256,
@@ -308,7 +246,6 @@ def run_study(device: torch.device, max_samples: int | None = None, batch_size: 
     if device.type == "cuda":
         util = {name: gpu_utilisation(lambda st=st: time_epoch(st, device, max_samples, seed), device, util_seconds)
                 for name, st in (("naive", naive), ("optimised", best))}
-        util = {k: None if v is None else round(v, 1) for k, v in util.items()}
         log(f"GPU utilisation: {util}")
     return {"device": str(device), "threads": torch.get_num_threads(), "max_samples": max_samples,
             "phase_batches": phase_batches, "stages": results, "profiles": profiles, "gpu_utilisation": util,
