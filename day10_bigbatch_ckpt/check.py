@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import pytest
 import torch
 
-from day10_bigbatch_ckpt import levers_lab
+from day10_bigbatch_ckpt import formula_check, levers_lab
 from day10_bigbatch_ckpt import main as day
 from day10_bigbatch_ckpt import memcalc, memcalc_examples
 from sprint.gates import Gates, run_this_file
@@ -117,7 +117,7 @@ def test_saved_bytes_overstate_the_checkpointed_batch_that_fits(largest):
 # --- Megatron's formula against the bytes one block saves ---------------------------------------------------
 @pytest.fixture(scope="module")
 def megatron():
-    return day.megatron_check(day.GPTConfig(), batches=(4, 8))
+    return formula_check.megatron_check(day.GPTConfig(), batches=(4, 8))
 
 
 @pytest.mark.parametrize("i", [0, 1], ids=["b=4", "b=8"])
@@ -270,7 +270,7 @@ def test_cuda_checkpointing_cuts_peak_by_half(cuda_model):
 
 @pytest.mark.gpu
 def test_cuda_megatron_formula_accounts_for_every_byte():
-    rows = day.megatron_check(day.GPTConfig(), batches=(4, 8), device="cuda")
+    rows = formula_check.megatron_check(day.GPTConfig(), batches=(4, 8), device="cuda")
     gates.check("CUDA Megatron + LayerNorm stats: worst |ratio-1|", max(abs(r["explained_ratio"] - 1) for r in rows),
                 "<=", 0.03)
 
@@ -278,7 +278,7 @@ def test_cuda_megatron_formula_accounts_for_every_byte():
 @pytest.mark.gpu
 def test_cuda_model_states_match_the_calculator():
     # h=512 makes weights dominate: activations at b=1, s=64 are ~1% of the 16 bytes/parameter.
-    states = day.cuda_model_states(day.GPTConfig(hidden=512, heads=8), batch=1)
+    states = formula_check.cuda_model_states(day.GPTConfig(hidden=512, heads=8), batch=1)
     gates.check("CUDA model states measured/predicted: |ratio-1|", abs(states["measured"] / states["predicted"] - 1),
                 "<=", 0.05)
 

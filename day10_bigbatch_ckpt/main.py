@@ -16,7 +16,6 @@ Run:    python day10_bigbatch_ckpt/main.py                                    (w
         python day10_bigbatch_ckpt/levers_lab.py                               (freezing, LoRA, offload, 8-bit)
 Gates:  python day10_bigbatch_ckpt/check.py
 """
-import copy
 import math
 import sys
 import time
@@ -30,7 +29,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from day10_bigbatch_ckpt import memcalc
 from sprint import runs_dir
 from sprint.cli import arg, parse, run, validate
 from sprint.device import pick_device
@@ -216,51 +214,6 @@ def allclose_ratio(got: list[torch.Tensor], want: list[torch.Tensor], rtol=1e-5,
     return max(((g - w).abs() / (atol + rtol * w.abs())).max().item() for g, w in zip(got, want))
 
 
-def megatron_check(cfg: GPTConfig, batches=(4, 8), device="cpu") -> list[dict]:
-    """Close the loop: predict one block's 16-bit activations with the formula, measure them with the hook.
-
-    The blocks run with bf16 weights and inputs, the formula's setting. What it counts: the inputs of the
-    linear layers, LayerNorms and GELU, q/k/v, softmax output, and dropout masks at 1 byte per element.
-    Two known differences: PyTorch's CPU dropout keeps its mask in the activation dtype (2 bytes; CUDA keeps a
-    1-byte bool mask), and each LayerNorm also saves its mean and 1/std per token. `explained` adds both.
-    """
-    model = TinyGPT(cfg).to(device)
-    blocks = copy.deepcopy(model.blocks).to(torch.bfloat16)
-    s, h, a, layers = cfg.seq, cfg.hidden, cfg.heads, cfg.layers
-    rows = []
-    for b in batches:
-        x = torch.randn(b, s, h, dtype=torch.bfloat16, device=device, requires_grad=True)
-        with SavedBytes(skip=blocks) as counter:
-            y = x
-            for block in blocks:
-                y = block(y)
-        measured = counter.total / layers
-        predicted = memcalc.activation_bytes_per_layer(s, b, h, a)
-        mask_bytes, stat_bytes = (2, 2) if device == "cpu" else (1, 4)
-        mask_extra = (mask_bytes - 1) * (2 * s * b * h + a * s * s * b)  # the formula prices masks at 1 byte
-        ln_stats = 2 * 2 * b * s * stat_bytes  # 2 LayerNorms x (mean, 1/std) per token
-        rows.append({"batch": b, "measured_per_layer": measured, "predicted_per_layer": predicted,
-                     "ratio": measured / predicted, "explained_ratio": measured / (predicted + mask_extra + ln_stats)})
-    return rows
-
-
-def cuda_model_states(cfg: GPTConfig, batch: int = 1) -> dict:
-    """CUDA only: params + grads + AdamW states after the first step, predicted (memcalc) vs measured."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    model = TinyGPT(cfg).cuda()
-    # fused AdamW updates in place; the default foreach path allocates temporaries as large as the states.
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    idx, targets = make_batch(cfg, batch, "cuda")
-    model(idx, targets).backward()
-    opt.step()
-    torch.cuda.synchronize()
-    params = sum(p.numel() for p in model.parameters())
-    return {"params": params, "predicted": memcalc.model_state_bytes(params, "fp32-adamw"),
-            "measured": torch.cuda.max_memory_allocated() - base}
-
-
 @dataclass
 class Config:
     batches: tuple[int, ...] = arg((4, 8, 16, 32, 64), "batch sizes to measure", gt=0)
@@ -303,6 +256,8 @@ def run_study(cfg: Config) -> dict:
     result["step_seconds"] = {mode: step_seconds(model, cfg.time_batch, mode, cfg.repeat) for mode in MODES}
     result["grad_allclose_ratio"] = allclose_ratio(gradients(model, 8, "fp32 + checkpoint"),
                                                    gradients(model, 8, "fp32"))
+    from day10_bigbatch_ckpt.formula_check import megatron_check  # it builds this module's model
+
     result["megatron"] = megatron_check(gpt, device=device.type)
     return result
 
