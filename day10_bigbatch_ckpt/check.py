@@ -105,8 +105,8 @@ def largest(model):
 
 
 def test_checkpointing_fits_a_larger_batch_by_the_true_peak(largest):
-    gates.check("largest batch in 8 MiB by true peak: checkpoint - plain", largest["peak", CKPT] - largest["peak", "fp32"],
-                ">", 0)
+    gates.check("largest batch in 8 MiB by true peak: checkpoint - plain",
+                largest["peak", CKPT] - largest["peak", "fp32"], ">", 0)
 
 
 def test_saved_bytes_overstate_the_checkpointed_batch_that_fits(largest):

@@ -11,7 +11,7 @@ On Day 10's tiny GPT, each trained for a few AdamW steps on one batch:
   3. offload and 8-bit optimizers: no maintained library for either is in this repo's lock file, so they are priced
      with the calculator (`memcalc.py levers`), each with what it costs.
 
-Run:   python day10_bigbatch_ckpt/levers_lab.py                                  (writes runs/day10_bigbatch_ckpt/levers)
+Run:   python day10_bigbatch_ckpt/levers_lab.py                                  (writes under runs/)
        python day10_bigbatch_ckpt/levers_lab.py --out day10_bigbatch_ckpt/results (refreshes the committed figures)
 """
 import copy

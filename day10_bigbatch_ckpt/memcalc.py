@@ -261,7 +261,8 @@ def fmt_count(n: float) -> str:
 # The 12 GB table and the six levers.
 
 def row(scenario: str, est: Estimate) -> dict:
-    return {"scenario": scenario, "params_B": est.params / 1e9, "fixed_GB": est.fixed / GB, "states_GB": est.states / GB,
+    return {"scenario": scenario, "params_B": est.params / 1e9, "fixed_GB": est.fixed / GB,
+            "states_GB": est.states / GB,
             "activations_raw_GB": est.activations_raw / GB, "activations_GB": est.activations / GB,
             "logits_GB": est.logits / GB, "total_GB": est.total / GB, "fits": est.total <= BUDGET_GB * GB}
 
@@ -275,8 +276,8 @@ def table_12gb() -> list[dict]:
 
 
 def table_markdown(rows: list[dict]) -> str:
-    lines = ["| scenario | params | fixed | weights+grads+optim | activations raw | x1.3 | logits | total | curriculum | "
-             "fits 12 GB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    lines = ["| scenario | params | fixed | weights+grads+optim | activations raw | x1.3 | logits | total | "
+             "curriculum | fits 12 GB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in rows:
         lines.append(f"| {r['scenario']} | {r['params_B']:.3f}B | {r['fixed_GB']:.2f} | {r['states_GB']:.2f} | "
                      f"{r['activations_raw_GB']:.2f} | {r['activations_GB']:.2f} | {r['logits_GB']:.2f} | "
@@ -316,7 +317,8 @@ def levers(components: list[Component], batch: int, setup: str = "amp-adamw", tr
 
 
 def levers_markdown(rows: list[dict]) -> str:
-    lines = ["| lever | GPU memory | saved | what it saves | what it costs | fits 12 GB |", "|---|---:|---:|---|---|:---:|"]
+    lines = ["| lever | GPU memory | saved | what it saves | what it costs | fits 12 GB |",
+             "|---|---:|---:|---|---|:---:|"]
     lines += [f"| {r['lever']} | {r['total_GB']:.2f} GB | {r['saved_GB']:.2f} GB | {r['saves']} | {r['cost']} | "
               f"{'yes' if r['fits'] else 'no'} |" for r in rows]
     return "\n".join(lines)
@@ -468,7 +470,8 @@ def show_train(a: TrainArgs, r: dict) -> None:
     print(f"{'weights+grads+optimizer':<27}{fmt_bytes(est.states)}  ({a.setup}: {bytes_per_param(a.setup)} "
           f"bytes/parameter{base})")
     print(f"{'logits':<27}{fmt_bytes(est.logits) if est.logits else '0 (no vocabulary)'}")
-    print(f"{'total':<27}{fmt_bytes(est.total)}  (fits {BUDGET_GB:g} GB: {'yes' if est.total <= BUDGET_GB * GB else 'no'})")
+    fits = "yes" if est.total <= BUDGET_GB * GB else "no"
+    print(f"{'total':<27}{fmt_bytes(est.total)}  (fits {BUDGET_GB:g} GB: {fits})")
     extra = ", +1 forward for recomputation" if a.checkpoint_every else ""
     print(f"{'compute':<27}{fmt_flops(r['flops_per_sample'])}/sample (6 x params x tokens per component{extra}), "
           f"{fmt_flops(r['flops_per_step'])}/step")
@@ -493,7 +496,8 @@ def show(command: str, a, r: dict) -> None:
     elif command == "setups":
         print(f"| setup | bytes/parameter | {fmt_count(a.params)} parameters |\n|---|---:|---:|")
         for name, v in r.items():
-            print(f"| {name} ({' + '.join(map(str, SETUPS[name]))}) | {v['bytes_per_param']} | {fmt_bytes(v['bytes'])} |")
+            split = " + ".join(map(str, SETUPS[name]))
+            print(f"| {name} ({split}) | {v['bytes_per_param']} | {fmt_bytes(v['bytes'])} |")
     elif command == "kv":
         print(f"KV cache: {r['bytes'] / GiB:.2f} GiB ({r['bytes'] / GB:.2f} GB)")
     elif command == "zero":

@@ -96,7 +96,8 @@ EXAMPLES = [
     ), table="LoRA 0.5B (3M trainable), b=2"),
     Example("12 GB row 6: LoRA 0.5B, b=4", f"{DECODER_035B} --params 5e8 --trainable 3e6 --batch 4",
             (Figure(TOTAL, est("total"), "6.9"),), table="LoRA 0.5B (3M trainable), b=4"),
-    Example("12 GB row 6: LoRA 0.5B, b=8 'close to the limit'", f"{DECODER_035B} --params 5e8 --trainable 3e6 --batch 8",
+    Example("12 GB row 6: LoRA 0.5B, b=8 'close to the limit'",
+            f"{DECODER_035B} --params 5e8 --trainable 3e6 --batch 8",
             (Figure(TOTAL, est("total"), "11-12"),), table="LoRA 0.5B (3M trainable), b=8"),
     Example("worked example 2 (1.5B), 12 GB row 7, time estimate 2: LoRA 1.5B, 9M trainable, b=2",
             f"{DECODER_15B} --trainable 9e6 --batch 2 --tflops 25 --steps 10000", (

@@ -19,7 +19,8 @@ def plot(result: dict, path: Path) -> None:
     for ax, (key, title) in zip(axes, FIGURES.items()):
         for mode, values in result[key].items():
             ax.plot(result["batches"], [v / MiB for v in values], "o-", label=mode)
-        ax.axhline(result["budget_bytes"] / MiB, color="gray", ls="--", label=f"budget ({result['budget_bytes'] / MiB:g} MiB)")
+        budget = result["budget_bytes"] / MiB
+        ax.axhline(budget, color="gray", ls="--", label=f"budget ({budget:g} MiB)")
         ax.set(xscale="log", yscale="log", xlabel="batch size", title=f"{title}, tiny GPT")
         ax.set_xticks(result["batches"], [str(b) for b in result["batches"]])
         ax.minorticks_off()
@@ -65,8 +66,8 @@ def report(result: dict) -> str:
     lines += [f"- forward + backward at batch {result['time_batch']} (median): fp32 {t['fp32'] * 1e3:.1f} ms, "
               f"checkpointed {t[ckpt] * 1e3:.1f} ms (x{t[ckpt] / t['fp32']:.2f}), bf16 autocast "
               f"{t['bf16 autocast'] * 1e3:.1f} ms (x{t['bf16 autocast'] / t['fp32']:.2f}).",
-              f"- checkpointed gradients vs plain: max |diff| / (atol + rtol*|ref|) = {result['grad_allclose_ratio']:.3g}"
-              " (<= 1 means torch.allclose).", "",
+              "- checkpointed gradients vs plain: max |diff| / (atol + rtol*|ref|) = "
+              f"{result['grad_allclose_ratio']:.3g} (<= 1 means torch.allclose).", "",
               "| batch | measured per block (bytes) | Megatron s*b*h*(34+5as/h) | measured / predicted | "
               "measured / (predicted + mask & LayerNorm extras) |", "|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['batch']} | {r['measured_per_layer']:,.0f} | {r['predicted_per_layer']:,.0f} | {r['ratio']:.3f} | "
