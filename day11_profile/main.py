@@ -1,24 +1,27 @@
-"""Day 11 — profile a training loop, find the real bottleneck, fix it, and prove the speed-up.
+"""Day 11 — profile a training loop, find the real bottleneck, fix it one change at a time, and prove each change's
+speed-up at equal quality.
 
 The curriculum's answer to "GPU utilisation is 30%, what do you do?" is a method, and this file runs it end to end:
   1. measure: time fetching a batch and running a training step separately; data/step says which side waits;
   2. profile: `torch.profiler` with `record_function` labels shows where each step's time goes, op by op;
-  3. fix what the measurement points to, one change at a time, and measure again in the same run;
+  3. fix what the measurement points to, one change at a time, and measure again in the same run: the speed AND the
+     test accuracy after the same number of epochs (a speed-up that costs accuracy is not a fix);
   4. conclude from the figures (the report's conclusion is generated from them).
 
-The "before" is Day 5's pipeline as a learner first writes it: torchvision's per-sample MNIST (PIL decode +
-transforms.v2 on every sample, every epoch), `DataLoader(num_workers=0)`, batch 64, and `loss.item()` every step.
+The "before" is Day 5's pipeline as a learner first writes it: torchvision's per-sample MNIST (PIL decode + the
+transforms.v2 below on every sample, every epoch), `DataLoader(num_workers=0)`, batch 64, AdamW at 1e-3 and
+`loss.item()` every step. The changes: the same transforms applied once to the whole split (identical tensors, so
+identical training), batch 256, its learning rate retuned on a validation split, no per-step `.item()`; the last
+stage, torch.compile, is `compile_lab.py`.
 
-Run:    python day11_profile/main.py                      (~1 min on a quiet 2-core CPU: one full epoch per stage)
-        python day11_profile/main.py --max-samples 12800  (a quick look: the first 12,800 samples of each epoch)
+Run:    python day11_profile/main.py                              (one full epoch per stage; writes runs/day11_profile/)
+        python day11_profile/main.py --max-samples 6400           (quick: epoch times extrapolated from 6,400 images)
+        python day11_profile/main.py --out day11_profile/results  (refreshes the committed figures)
 Gates:  python day11_profile/check.py
-Trace:  drag day11_profile/prof/naive/*.pt.trace.json onto https://ui.perfetto.dev (or open it in chrome://tracing)
+Trace:  drag runs/day11_profile/prof/naive/*.pt.trace.json onto https://ui.perfetto.dev (or chrome://tracing)
 """
-import argparse
-import gzip
-import json
+import functools
 import math
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -33,57 +36,63 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from day04_mlp_mnist.main import MLP
-from day11_profile.bands import BANDS, band_of, classify  # noqa: F401 (re-exported for check.py)
+from day11_profile.bands import classify
 from day11_profile.gpu_util import gpu_utilisation
-from sprint.data import MEAN, STD, mnist, mnist_tensors
+from sprint import runs_dir
+from sprint.cli import arg, parse, progress, run, unwritable, validate
+from sprint.data import MEAN, STD, mnist
 from sprint.device import pick_device
+from sprint.measure import quiet_profiler
 
-HERE = Path(__file__).resolve().parent
-OUT_DIR = HERE / "results"
-PROF_DIR = HERE / "prof"  # traces are big: git-ignored
 LABELS = ("data", "forward", "backward", "optimizer")  # the record_function ranges every step is split into
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # skip step 1 (start-up), warm up on 2, record 3-5
+TRANSFORM = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize((MEAN,), (STD,))])
+TRAIN_SPLIT = 60_000
 
 # ---------------------------------------------------------------------------------------------------------------
-# The pipelines: one change at a time, from the learner's first version to the fixed one.
+# The pipelines and the recipe: one change per stage, from the learner's first version to the fixed one.
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     in_memory: bool  # False: decode + transform every sample on every epoch; True: tensors prepared once
     batch_size: int
+    lr: float  # AdamW's learning rate (the peak of the one-cycle schedule)
+    one_cycle: bool  # warm the LR up then anneal it over the epoch, instead of keeping it constant
     item_each_step: bool  # `total += loss.item()` every step: a host sync that waits for the device
 
 
-def make_stages(batch_size: int, big_batch: int) -> list[Stage]:
-    return [
-        Stage("naive", False, batch_size, True),
-        Stage("in-memory tensors", True, batch_size, True),
-        Stage(f"+ batch {big_batch}", True, big_batch, True),
-        Stage("+ no per-step .item()", True, big_batch, False),  # the optimised pipeline
-    ]
+def make_stages(cfg, tuned: Stage) -> list[Stage]:
+    return [Stage("naive", False, cfg.batch_size, cfg.lr, False, True),
+            Stage("in-memory tensors", True, cfg.batch_size, cfg.lr, False, True),
+            Stage(f"+ batch {cfg.big_batch}", True, cfg.big_batch, cfg.lr, False, True),
+            Stage(f"+ LR retuned ({tuned.name})", True, cfg.big_batch, tuned.lr, tuned.one_cycle, True),
+            Stage("+ no per-step .item()", True, cfg.big_batch, tuned.lr, tuned.one_cycle, False)]  # optimised
 
 
-def per_sample_loader(batch_size: int, seed: int) -> DataLoader:
-    """Day 5's pipeline as first written: every image decoded from PIL and transformed, in the training process."""
-    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize((MEAN,), (STD,))])
-    return DataLoader(mnist(train=True, transform=transform), batch_size=batch_size, shuffle=True, num_workers=0,
-                      generator=torch.Generator().manual_seed(seed))
+@functools.lru_cache(maxsize=2)
+def prepared(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fix: the same transforms, applied once to the whole split, so every pipeline sees identical tensors."""
+    ds = mnist(train=train)
+    return TRANSFORM(ds.data.unsqueeze(1)).as_subclass(torch.Tensor), ds.targets  # (N,1,28,28) float32, (N,)
 
 
-def in_memory_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int):
-    """The fix: the split was decoded and normalised once (on the device); an epoch is a shuffled index."""
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed)).to(x.device)
-    for idx in order.split(batch_size):
-        yield x[idx], y[idx]
+def split(val_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) indices of MNIST's training set, one fixed split; the test set stays for reporting."""
+    order = torch.randperm(TRAIN_SPLIT, generator=torch.Generator().manual_seed(0))
+    return order[val_size:], order[:val_size]
 
 
-def batches(stage: Stage, device: torch.device, seed: int):
-    """One epoch of (x, y) on `device`; each fetch is a "data" range in the profiler's trace."""
+def batches(stage: Stage, train_idx: torch.Tensor, device: torch.device, seed: int):
+    """One epoch of (x, y) on `device` in a seeded order; each fetch is a "data" range in the profiler's trace."""
+    order = train_idx[torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(seed))]
     if stage.in_memory:
-        source = in_memory_batches(*mnist_tensors(train=True, device=device), stage.batch_size, seed)
-    else:
-        source = iter(per_sample_loader(stage.batch_size, seed))
+        images, labels = (t.to(device) for t in prepared(train=True))
+        source = ((images[i], labels[i]) for i in order.to(device).split(stage.batch_size))
+    else:  # Day 5's first pipeline: PIL decode + transforms per sample, in the training process
+        loader = DataLoader(mnist(train=True, transform=TRANSFORM), batch_size=stage.batch_size,
+                            sampler=order.tolist(), num_workers=0, generator=torch.Generator().manual_seed(seed))
+        source = iter(loader)
     while True:
         with record_function("data"):
             batch = next(source, None)
@@ -93,13 +102,16 @@ def batches(stage: Stage, device: torch.device, seed: int):
         yield x, y
 
 
-def make_model(device: torch.device, seed: int):
+def make_model(stage: Stage, steps: int, device: torch.device, seed: int):
     torch.manual_seed(seed)  # every stage trains the same initial model
-    model = MLP().to(device)  # Day 4's model, unchanged: only the pipeline around it changes today
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = MLP().to(device)  # Day 4's model, unchanged: only the pipeline and the recipe around it change
+    optimizer = torch.optim.AdamW(model.parameters(), lr=stage.lr)
+    scheduler = (torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=stage.lr, total_steps=steps)
+                 if stage.one_cycle else None)
+    return model, optimizer, scheduler
 
 
-def train_step(model, optimizer, x, y) -> torch.Tensor:
+def train_step(model, optimizer, scheduler, x, y) -> torch.Tensor:
     """One optimisation step, split into labelled ranges so the trace shows each part."""
     with record_function("forward"):
         loss = F.cross_entropy(model(x), y)
@@ -108,6 +120,8 @@ def train_step(model, optimizer, x, y) -> torch.Tensor:
         loss.backward()
     with record_function("optimizer"):
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
     return loss.detach()
 
 
@@ -117,20 +131,28 @@ def sync(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# 1. Measure: data time vs step time.
+def evaluate(model, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        correct = sum((model(xb).argmax(1) == yb).sum().item() for xb, yb in zip(x.split(5000), y.split(5000)))
+    model.train()
+    return correct / len(y)
 
-def time_phases(stage: Stage, device: torch.device, n_batches: int, seed: int) -> dict:
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Measure: data time vs step time.  2. Profile.  3. Time whole epochs, with the accuracy they reach.
+
+def time_phases(stage: Stage, train_idx, device: torch.device, n_batches: int, seed: int) -> dict:
     """The curriculum's measurement: time a batch fetch and a training step separately (fastest of `n_batches`)."""
-    model, optimizer = make_model(device, seed)
-    it = batches(stage, device, seed)
+    model, optimizer, scheduler = make_model(stage, math.ceil(len(train_idx) / stage.batch_size), device, seed)
+    it = batches(stage, train_idx, device, seed)
     data_s, step_s = [], []
     for i in range(n_batches + 1):  # the first batch is a warm-up (allocator, thread pool) and is not counted
         t0 = time.perf_counter()
         x, y = next(it)
         sync(device)
         t1 = time.perf_counter()
-        train_step(model, optimizer, x, y)
+        train_step(model, optimizer, scheduler, x, y)
         sync(device)
         if i:
             data_s.append(t1 - t0)
@@ -140,67 +162,35 @@ def time_phases(stage: Stage, device: torch.device, n_batches: int, seed: int) -
             "compute_share": step / (data + step)}  # the CPU stand-in for "GPU utilisation"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# 2. Profile: a Chrome-trace JSON per pipeline plus the key-averages table.
-
-def profile_steps(stage: Stage, device: torch.device, trace_dir: Path, seed: int) -> dict:
-    """Profile 5 steps (wait 1, warm up 1, record 3); write the trace to `trace_dir` and return the tables."""
+def profile_steps(stage: Stage, train_idx, device: torch.device, trace_dir: Path, seed: int):
+    """Profile 5 steps (wait 1, warm up 1, record 3); write the trace to `trace_dir`; return the profiler."""
+    quiet_profiler()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     trace_dir.mkdir(parents=True, exist_ok=True)
     for old in trace_dir.glob("*.pt.trace.json*"):  # one trace per pipeline: the report points at it
         old.unlink()
-    model, optimizer = make_model(device, seed)
-    it = batches(stage, device, seed)
+    model, optimizer, scheduler = make_model(stage, math.ceil(len(train_idx) / stage.batch_size), device, seed)
+    it = batches(stage, train_idx, device, seed)
     with profile(activities=activities, schedule=schedule(**PROFILE_SCHEDULE), record_shapes=True,
                  profile_memory=True, on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name="train")
                  ) as prof:
         for _ in range(sum(PROFILE_SCHEDULE.values())):
-            train_step(model, optimizer, *next(it))
+            train_step(model, optimizer, scheduler, *next(it))
             prof.step()  # advances the schedule; the trace is written after the last active step
-    kind = "device" if device.type == "cuda" else "cpu"
-    averages = prof.key_averages()
-    table = (f"sorted by {kind}_time_total (where each step's time goes: the labelled ranges include their ops)\n"
-             + averages.table(sort_by=f"{kind}_time_total", row_limit=-1)
-             + f"\n\nsorted by self_{kind}_time_total (the hot ops themselves)\n"
-             + averages.table(sort_by=f"self_{kind}_time_total", row_limit=15))
-    hot = sorted((e for e in averages if e.key not in LABELS and not e.key.startswith("ProfilerStep")),
-                 key=lambda e: getattr(e, f"self_{kind}_time_total"), reverse=True)[:3]
-    trace = next(trace_dir.glob("*.pt.trace.json*"))
-    return {"trace": trace, "table": table, "ranges_ms": labelled_ranges_ms(trace),
-            "hot_ops": [(e.key, getattr(e, f"self_{kind}_time_total") / 1e3) for e in hot]}
+    return prof, next(trace_dir.glob("*.pt.trace.json*"))
 
 
-def load_trace(path: Path) -> dict:
-    """A Chrome-trace JSON as written by tensorboard_trace_handler (gzipped when its name ends in .gz)."""
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
-        return json.load(f)
-
-
-def labelled_ranges_ms(trace: Path) -> dict:
-    """Mean duration (ms) of each labelled range and of a whole profiled step, read back from the trace."""
-    durations = {}
-    for event in load_trace(trace)["traceEvents"]:
-        name = event.get("name", "")
-        key = "step" if name.startswith("ProfilerStep#") else name
-        # host-side ranges only: on CUDA the trace repeats each label on the GPU timeline ("gpu_user_annotation")
-        if event.get("cat") == "user_annotation" and key in (*LABELS, "step"):
-            durations.setdefault(key, []).append(event["dur"] / 1e3)  # Chrome traces count in microseconds
-    return {key: statistics.mean(values) for key, values in durations.items()}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 3. Fix and measure again: the same training loop, timed end to end.
-
-def time_epoch(stage: Stage, device: torch.device, max_samples: int | None, seed: int) -> dict:
-    """Train on the first `max_samples` samples of an epoch (all of it when None): throughput and host-sync cost."""
-    model, optimizer = make_model(device, seed)
-    it = batches(stage, device, seed)
-    train_step(model, optimizer, *next(it))  # warm-up step, not timed
+def train_epoch(stage: Stage, train_idx, device: torch.device, max_samples: int | None, seed: int) -> dict:
+    """Train on one epoch (or its first `max_samples` samples), timed; then the model and what it cost."""
+    model, optimizer, scheduler = make_model(stage, math.ceil(len(train_idx) / stage.batch_size), device, seed)
+    it = batches(stage, train_idx, device, seed)
+    train_step(model, optimizer, scheduler, *next(it))  # warm-up step: trained on, not timed
     sync(device)
     total_loss, n_samples, n_steps, item_s = 0.0, 0, 0, 0.0
+    todo = math.ceil(min(len(train_idx), max_samples or len(train_idx)) / stage.batch_size) - 1
     t0, cpu0 = time.perf_counter(), time.process_time()
-    for x, y in it:
-        loss = train_step(model, optimizer, x, y)
+    for x, y in progress(it, desc=stage.name, total=todo, unit="step"):
+        loss = train_step(model, optimizer, scheduler, x, y)
         if stage.item_each_step:  # the habit of logging every step: the host waits for the device each time
             t = time.perf_counter()
             total_loss += loss.item()
@@ -215,86 +205,95 @@ def time_epoch(stage: Stage, device: torch.device, max_samples: int | None, seed
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     if not math.isfinite(mean_loss):
         raise FloatingPointError(f"{stage.name}: training loss became {mean_loss}")
-    return {"samples": n_samples, "steps": n_steps, "wall_s": wall, "samples_per_s": n_samples / wall,
-            "epoch_s": 60_000 / (n_samples / wall),  # MNIST's training split, at the measured rate
+    return {"model": model, "samples": n_samples, "steps": n_steps, "wall_s": wall, "samples_per_s": n_samples / wall,
+            "epoch_s": len(train_idx) / (n_samples / wall), "extrapolated": max_samples is not None,
             "item_us_per_step": 1e6 * item_s / n_steps, "item_share": item_s / wall,
             "cores_busy": cpu / wall,  # process CPU time / wall time: how many cores the loop kept busy
             "mean_loss": mean_loss}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+def lr_sweep(cfg, train_idx, val_idx, device: torch.device) -> list[dict]:
+    """Retune the learning rate for the big batch on the VALIDATION split (the test set plays no part in the choice):
+    one full epoch per candidate, the naive recipe first (the accuracy to match), then one-cycle schedules."""
+    x, y = (t.to(device) for t in prepared(train=True))
+    candidates = [("naive recipe", cfg.batch_size, cfg.lr, False),
+                  *((f"one-cycle, peak {peak:g}", cfg.big_batch, peak, True) for peak in cfg.lr_grid)]
+    rows = []
+    for name, batch_size, lr, one_cycle in candidates:
+        stage = Stage(name, True, batch_size, lr, one_cycle, False)
+        model = train_epoch(stage, train_idx, device, None, cfg.seed)["model"]
+        rows.append({"stage": stage, "model": model, "val_acc": evaluate(model, x[val_idx], y[val_idx])})
+    return rows
 
-def run_study(device: torch.device, max_samples: int | None = None, batch_size: int = 64, big_batch: int = 256,
-              phase_batches: int = 20, prof_dir: Path = PROF_DIR, seed: int = 0, util_seconds: float = 3.0,
-              log=print) -> dict:
-    """Measure, profile and time every stage on `device`; return all the figures."""
-    stages = make_stages(batch_size, big_batch)
-    naive, best = stages[0], stages[-1]
+
+@dataclass
+class Config:
+    max_samples: int | None = arg(None, "train and time each stage on N images (epoch times extrapolated)", gt=0)
+    batch_size: int = arg(64, "the naive pipeline's batch size", gt=0)
+    lr: float = arg(1e-3, "the naive pipeline's AdamW learning rate (constant)", gt=0)
+    big_batch: int = arg(256, "the optimised pipeline's batch size", gt=0)
+    lr_grid: tuple[float, ...] = arg((4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2), "big-batch one-cycle peak LRs", gt=0)
+    val_size: int = arg(5000, "images held out for validation (the LR choice)", gt=0, lt=TRAIN_SPLIT)
+    phase_batches: int = arg(20, "batches timed per phase for data/step", gt=0)
+    device: str | None = arg(None, "cpu, cuda or mps (default: the best available)")
+    seed: int = arg(0, "seed of the initial weights and the shuffle")
+    prof_dir: Path = arg(runs_dir(__file__, "prof"), "profiler traces (big: keep them under the git-ignored runs/)")
+
+    def __post_init__(self):
+        validate(self)
+        if why := unwritable(self.prof_dir):
+            raise ValueError(f"--prof-dir {self.prof_dir}: {why}")
+        steps = (TRAIN_SPLIT - self.val_size) // max(self.batch_size, self.big_batch) - 1  # phases fit in one epoch
+        if self.phase_batches > steps:
+            raise ValueError(f"--phase-batches must be <= {steps} with batches of "
+                             f"{max(self.batch_size, self.big_batch)}")
+
+
+def run_study(cfg: Config, log=print) -> dict:
+    """Tune, then measure, train, evaluate and profile every stage on one device; return all the figures."""
+    device = pick_device(cfg.device)
+    train_idx, val_idx = split(cfg.val_size)
+    x_test, y_test = (t.to(device) for t in prepared(train=False))
+    sweep = lr_sweep(cfg, train_idx, val_idx, device)
+    chosen = max(sweep[1:], key=lambda r: r["val_acc"])  # the best big-batch schedule on validation
+    for r in (sweep[0], chosen):  # chosen: now, and only now, the test set (one full epoch each)
+        r["test_acc"] = evaluate(r["model"], x_test, y_test)
+    log("validation accuracy: " + ", ".join(f"{r['stage'].name} {r['val_acc']:.2%}" for r in sweep))
+    stages = make_stages(cfg, chosen["stage"])
     results = []
     for stage in stages:
-        row = {**asdict(stage), **time_phases(stage, device, phase_batches, seed),
-               **time_epoch(stage, device, max_samples, seed)}
-        log(f"{stage.name:24s} data {row['data_ms']:6.2f} ms  step {row['step_ms']:6.2f} ms  data/step "
-            f"{row['ratio']:6.1%} {'(' + row['verdict'] + ')':22s} {row['samples_per_s']:7,.0f} samples/s  "
-            f"epoch {row['epoch_s']:5.1f} s")
+        row = {**asdict(stage), **time_phases(stage, train_idx, device, cfg.phase_batches, cfg.seed),
+               **train_epoch(stage, train_idx, device, cfg.max_samples, cfg.seed)}
+        model = row.pop("model")
+        row["test_acc"] = evaluate(model, x_test, y_test)  # once per stage, after its training
+        row["weights_sum"] = sum(p.double().sum().item() for p in model.parameters())  # identical training?
+        log(f"{stage.name:34s} data/step {row['ratio']:6.1%} {'(' + row['verdict'] + ')':22s} "
+            f"{row['samples_per_s']:7,.0f} samples/s  epoch {row['epoch_s']:5.1f} s  test {row['test_acc']:.2%}")
         results.append(row)
-    profiles = {}
-    for name, stage in (("naive", naive), ("optimised", best)):
-        profiles[name] = profile_steps(stage, device, Path(prof_dir) / name, seed)
-        log(f"profiled {name}: {profiles[name]['trace']}")
-    util = None
-    if device.type == "cuda":
-        util = {name: gpu_utilisation(lambda st=st: time_epoch(st, device, max_samples, seed), device, util_seconds)
-                for name, st in (("naive", naive), ("optimised", best))}
-        log(f"GPU utilisation: {util}")
-    return {"device": str(device), "threads": torch.get_num_threads(), "max_samples": max_samples,
-            "phase_batches": phase_batches, "stages": results, "profiles": profiles, "gpu_utilisation": util,
-            "speedup": results[0]["epoch_s"] / results[-1]["epoch_s"]}
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    profiles = {name: profile_steps(stage, train_idx, device, Path(cfg.prof_dir) / name, cfg.seed)
+                for name, stage in (("naive", stages[0]), ("optimised", stages[-1]))}
+    util = None if device.type != "cuda" else {  # NVML's utilisation while each pipeline trains
+        name: gpu_utilisation(lambda st=st: train_epoch(st, train_idx, device, cfg.max_samples, cfg.seed), device)
+        for name, st in (("naive", stages[0]), ("optimised", stages[-1]))}
+    return {"device": str(device), "threads": torch.get_num_threads(), "max_samples": cfg.max_samples,
+            "train_samples": len(train_idx), "val_size": cfg.val_size, "phase_batches": cfg.phase_batches,
+            "sweep": [{**asdict(r["stage"]), "val_acc": r["val_acc"], "test_acc": r.get("test_acc"),
+                       "chosen": r is chosen} for r in sweep], "stages": results,
+            "profiles": profiles, "gpu_utilisation": util, "speedup": results[0]["epoch_s"] / results[-1]["epoch_s"]}
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-samples", type=positive_int, default=None,
-                        help="time only the first N samples of each epoch (default: the whole epoch)")
-    parser.add_argument("--batch-size", type=positive_int, default=64, help="the naive pipeline's batch")
-    parser.add_argument("--big-batch", type=positive_int, default=256, help="the optimised pipeline's batch")
-    parser.add_argument("--phase-batches", type=positive_int, default=20, help="batches timed per phase for data/step")
-    parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="report, chart, tables, summary.json")
-    parser.add_argument("--prof-dir", type=Path, default=PROF_DIR, help="profiler traces (big; git-ignored)")
-    args = parser.parse_args(argv)
-    steps_available = 60_000 // max(args.batch_size, args.big_batch) - 1  # phases are timed inside one epoch
-    if args.phase_batches > steps_available:
-        parser.error(f"--phase-batches must be <= {steps_available} with batches of "
-                     f"{max(args.batch_size, args.big_batch)}")
+    from day11_profile import report  # the report reads this module's figures
 
-    from day11_profile.report import conclusion, headline, plot, shown, write_report  # the report needs this module
-
-    device = pick_device(args.device)
-    study = run_study(device, args.max_samples, args.batch_size, args.big_batch, args.phase_batches, args.prof_dir,
-                      args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, prof in study["profiles"].items():
-        (args.out / f"key_averages_{name}.txt").write_text(prof["table"])
-    plot(study, args.out / "before_after.png")
-    write_report(study, args.out / "report.md", args.out / "before_after.png")
-    summary = {**{k: v for k, v in study.items() if k != "profiles"}, "headline": headline(study),
-               "profiles": {n: {"trace": shown(p["trace"]), "ranges_ms": p["ranges_ms"], "hot_ops": p["hot_ops"]}
-                            for n, p in study["profiles"].items()}}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\n" + conclusion(study).replace("**", ""))
-    print(f"\nwrote {args.out / 'report.md'}, before_after.png, key_averages_*.txt, summary.json; traces in "
-          f"{args.prof_dir}")
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
+    t0 = time.perf_counter()
+    study = run_study(cfg)
+    study["wall_s"] = time.perf_counter() - t0
+    study = report.write(study, out)
+    print(f"\n{report.conclusion(study).replace('**', '')}\n\nwrote {out}/report.md, before_after.png, "
+          f"key_averages_*.txt, summary.json; traces in {cfg.prof_dir}")
     return study
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)
