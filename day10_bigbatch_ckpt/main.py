@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from sprint import runs_dir
-from sprint.cli import arg, parse, run, validate
+from sprint.cli import arg, parse, progress, run, validate
 from sprint.device import pick_device
 from sprint.measure import PeakBytes, SavedBytes, machine, median_seconds, quiet_profiler
 
@@ -235,7 +235,7 @@ def run_study(cfg: Config) -> dict:
     gpt = GPTConfig(layers=cfg.layers)
     model = TinyGPT(gpt).to(device)
     batches = sorted(cfg.batches)
-    peaks = {mode: [peak_bytes(model, b, mode) for b in batches] for mode in MODES}
+    peaks = {mode: [peak_bytes(model, b, mode) for b in batches] for mode in progress(MODES, desc="true peak")}
     result = {"config": asdict(gpt), "device": str(device), "batches": batches,
               "saved_bytes": {mode: [saved_bytes(model, b, mode) for b in batches] for mode in MODES},
               "forward_peak_bytes": {mode: [f for f, _ in peaks[mode]] for mode in MODES},
@@ -251,7 +251,8 @@ def run_study(cfg: Config) -> dict:
                 "true peak": lambda b, m: peak_bytes(model, b, m)[1]}
     result["budget_bytes"] = budget
     result["largest_batch"] = {figure: {mode: largest_batch(lambda b, m=mode: measure(b, m), budget)
-                                        for mode in MODES} for figure, measure in measures.items()}
+                                        for mode in progress(MODES, desc=f"largest batch by {figure}")}
+                               for figure, measure in measures.items()}
     result["time_batch"] = cfg.time_batch
     result["step_seconds"] = {mode: step_seconds(model, cfg.time_batch, mode, cfg.repeat) for mode in MODES}
     result["grad_allclose_ratio"] = allclose_ratio(gradients(model, 8, "fp32 + checkpoint"),

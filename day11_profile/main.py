@@ -214,21 +214,22 @@ def train_epoch(stage: Stage, train_idx, device: torch.device, max_samples: int 
 
 def lr_sweep(cfg, train_idx, val_idx, device: torch.device) -> list[dict]:
     """Retune the learning rate for the big batch on the VALIDATION split (the test set plays no part in the choice):
-    one full epoch per candidate, the naive recipe first (the accuracy to match), then one-cycle schedules."""
+    one epoch per candidate (--max-samples: its first N images), the naive recipe first (the accuracy to match), then
+    one-cycle schedules."""
     x, y = (t.to(device) for t in prepared(train=True))
     candidates = [("naive recipe", cfg.batch_size, cfg.lr, False),
                   *((f"one-cycle, peak {peak:g}", cfg.big_batch, peak, True) for peak in cfg.lr_grid)]
     rows = []
     for name, batch_size, lr, one_cycle in candidates:
         stage = Stage(name, True, batch_size, lr, one_cycle, False)
-        model = train_epoch(stage, train_idx, device, None, cfg.seed)["model"]
+        model = train_epoch(stage, train_idx, device, cfg.max_samples, cfg.seed)["model"]
         rows.append({"stage": stage, "model": model, "val_acc": evaluate(model, x[val_idx], y[val_idx])})
     return rows
 
 
 @dataclass
 class Config:
-    max_samples: int | None = arg(None, "train and time each stage on N images (epoch times extrapolated)", gt=0)
+    max_samples: int | None = arg(None, "train on N images per run, not an epoch (epoch times extrapolated)", gt=0)
     batch_size: int = arg(64, "the naive pipeline's batch size", gt=0)
     lr: float = arg(1e-3, "the naive pipeline's AdamW learning rate (constant)", gt=0)
     big_batch: int = arg(256, "the optimised pipeline's batch size", gt=0)
@@ -256,7 +257,7 @@ def run_study(cfg: Config, log=print) -> dict:
     x_test, y_test = (t.to(device) for t in prepared(train=False))
     sweep = lr_sweep(cfg, train_idx, val_idx, device)
     chosen = max(sweep[1:], key=lambda r: r["val_acc"])  # the best big-batch schedule on validation
-    for r in (sweep[0], chosen):  # chosen: now, and only now, the test set (one full epoch each)
+    for r in (sweep[0], chosen):  # chosen: now, and only now, the test set
         r["test_acc"] = evaluate(r["model"], x_test, y_test)
     log("validation accuracy: " + ", ".join(f"{r['stage'].name} {r['val_acc']:.2%}" for r in sweep))
     stages = make_stages(cfg, chosen["stage"])

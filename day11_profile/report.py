@@ -144,10 +144,10 @@ def write_report(study: dict, path: Path, chart: Path) -> None:
                     f"×{r['samples_per_s'] / prev['samples_per_s']:.2f} | "
                     f"×{r['samples_per_s'] / s[0]['samples_per_s']:.1f} | {r['test_acc']:.2%} | "
                     f"{r['item_us_per_step']:.1f} | {r['cores_busy']:.2f} | {r['compute_share']:.0%} |")
-    best = max(study["sweep"][1:], key=lambda r: r["val_acc"])
-    sweep = ["| batch | learning rate | validation accuracy | |", "|---:|---|---:|---|"]
-    sweep += [f"| {r['batch_size']} | {r['name']} | {r['val_acc']:.2%} | {'**chosen**' if r is best else ''} |"
-              for r in study["sweep"]]
+    sweep = ["| batch | learning rate | validation accuracy | | test accuracy (measured after the choice) |",
+             "|---:|---|---:|---|---:|"]
+    sweep += [f"| {r['batch_size']} | {r['name']} | {r['val_acc']:.2%} | {'**chosen**' if r['chosen'] else ''} | "
+              + (f"{r['test_acc']:.2%} |" if r["test_acc"] is not None else "|") for r in study["sweep"]]
     ranges = ["| pipeline | " + " | ".join(LABELS) + " | whole step |", "|---|" + "---:|" * (len(LABELS) + 1)]
     for name, prof in study["profiles"].items():
         ms = prof["ranges_ms"]
@@ -175,7 +175,7 @@ def write_report(study: dict, path: Path, chart: Path) -> None:
         f"Host sync: `.item()` every step cost {h['host sync per step']} per step; removing it changed "
         f"samples/s by {h['samples/s without per-step sync']}.", "",
         f"## The learning rate for batch {s[-1]['batch_size']}, chosen on validation", "",
-        f"One full epoch per candidate on the same {study['train_samples']:,} training images; accuracy on the "
+        f"Each candidate trains on {workload(study)}; accuracy on the "
         f"{study['val_size']:,} held-out validation images (the test set is not used to choose).", "", *sweep, "",
         "## Profiler: mean ms per labelled range (read back from the traces)", "", *ranges, "",
         "Traces (Chrome-trace JSON): " + ", ".join(f"`{p['trace']}`" for p in study["profiles"].values())
