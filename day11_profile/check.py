@@ -136,23 +136,18 @@ def test_optimised_pipeline_is_at_least_3x_faster_per_epoch(study):
     gates.check("epoch time naive / optimised (same run)", study["speedup"], ">=", 3.0)
 
 
-def per_sample_ms(stage: dict) -> float:
-    """Fetch + step time per image, from the fastest of --phase-batches batches: robust on a shared machine."""
-    return (stage["data_ms"] + stage["step_ms"]) / stage["batch_size"]
-
-
 @pytest.mark.slow
 def test_preparing_the_data_once_alone_speeds_up_the_loop(study):
     naive, in_memory = study["stages"][:2]
     gates.check("naive / in-memory time per image (batch 64 both, fastest batches)",
-                per_sample_ms(naive) / per_sample_ms(in_memory), ">=", 2.0)
+                report.per_image_us(naive) / report.per_image_us(in_memory), ">=", 2.0)
 
 
 @pytest.mark.slow
 def test_a_bigger_batch_alone_speeds_up_the_loop(study):
     small, big = study["stages"][1:3]
     gates.check("batch 64 / batch 256 time per image (in memory, same LR, fastest batches)",
-                per_sample_ms(small) / per_sample_ms(big), ">=", 1.5)
+                report.per_image_us(small) / report.per_image_us(big), ">=", 1.5)
 
 
 @pytest.mark.slow
