@@ -102,12 +102,12 @@ def batches(stage: Stage, train_idx: torch.Tensor, device: torch.device, seed: i
         yield x, y
 
 
-def make_model(stage: Stage, steps: int, device: torch.device, seed: int):
+def make_model(stage: Stage, train_size: int, device: torch.device, seed: int):
     torch.manual_seed(seed)  # every stage trains the same initial model
     model = MLP().to(device)  # Day 4's model, unchanged: only the pipeline and the recipe around it change
     optimizer = torch.optim.AdamW(model.parameters(), lr=stage.lr)
-    scheduler = (torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=stage.lr, total_steps=steps)
-                 if stage.one_cycle else None)
+    steps = math.ceil(train_size / stage.batch_size)  # one epoch: the one-cycle schedule spans it
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, stage.lr, total_steps=steps) if stage.one_cycle else None
     return model, optimizer, scheduler
 
 
@@ -142,24 +142,25 @@ def evaluate(model, x: torch.Tensor, y: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Measure: data time vs step time.  2. Profile.  3. Time whole epochs, with the accuracy they reach.
 
-def time_phases(stage: Stage, train_idx, device: torch.device, n_batches: int, seed: int) -> dict:
-    """The curriculum's measurement: time a batch fetch and a training step separately (fastest of `n_batches`)."""
-    model, optimizer, scheduler = make_model(stage, math.ceil(len(train_idx) / stage.batch_size), device, seed)
-    it = batches(stage, train_idx, device, seed)
-    data_s, step_s = [], []
-    for i in range(n_batches + 1):  # the first batch is a warm-up (allocator, thread pool) and is not counted
-        t0 = time.perf_counter()
-        x, y = next(it)
-        sync(device)
-        t1 = time.perf_counter()
-        train_step(model, optimizer, scheduler, x, y)
-        sync(device)
-        if i:
-            data_s.append(t1 - t0)
-            step_s.append(time.perf_counter() - t1)
-    data, step = min(data_s), min(step_s)  # timeit's rule: a slower repeat was slowed by something else
-    return {"data_ms": 1e3 * data, "step_ms": 1e3 * step, "ratio": data / step, "verdict": classify(data / step),
-            "compute_share": step / (data + step)}  # the CPU stand-in for "GPU utilisation"
+def time_phases(stages: list[Stage], train_idx, device: torch.device, n_batches: int, seed: int) -> list[dict]:
+    """The curriculum's measurement: time a batch fetch and a training step separately, per stage the fastest of
+    `n_batches`. The stages take turns, one batch each per round, so a busy spell on a shared machine hits all alike."""
+    runs = [(*make_model(st, len(train_idx), device, seed), batches(st, train_idx, device, seed), [], [])
+            for st in stages]  # per stage: a model, an optimizer, a scheduler, a batch stream, two timing lists
+    for i in range(n_batches + 1):  # the first round is a warm-up (allocator, thread pool) and is not counted
+        for model, optimizer, scheduler, it, data_s, step_s in runs:
+            t0 = time.perf_counter()
+            x, y = next(it)
+            sync(device)
+            t1 = time.perf_counter()
+            train_step(model, optimizer, scheduler, x, y)
+            sync(device)
+            if i:
+                data_s.append(t1 - t0)
+                step_s.append(time.perf_counter() - t1)
+    times = [(min(run[-2]), min(run[-1])) for run in runs]  # a slower repeat was slowed by something
+    return [{"data_ms": 1e3 * data, "step_ms": 1e3 * step, "ratio": data / step, "verdict": classify(data / step),
+             "compute_share": step / (data + step)} for data, step in times]  # the CPU stand-in for "GPU utilisation"
 
 
 def profile_steps(stage: Stage, train_idx, device: torch.device, trace_dir: Path, seed: int):
@@ -169,7 +170,7 @@ def profile_steps(stage: Stage, train_idx, device: torch.device, trace_dir: Path
     trace_dir.mkdir(parents=True, exist_ok=True)
     for old in trace_dir.glob("*.pt.trace.json*"):  # one trace per pipeline: the report points at it
         old.unlink()
-    model, optimizer, scheduler = make_model(stage, math.ceil(len(train_idx) / stage.batch_size), device, seed)
+    model, optimizer, scheduler = make_model(stage, len(train_idx), device, seed)
     it = batches(stage, train_idx, device, seed)
     with profile(activities=activities, schedule=schedule(**PROFILE_SCHEDULE), record_shapes=True,
                  profile_memory=True, on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name="train")
@@ -182,7 +183,7 @@ def profile_steps(stage: Stage, train_idx, device: torch.device, trace_dir: Path
 
 def train_epoch(stage: Stage, train_idx, device: torch.device, max_samples: int | None, seed: int) -> dict:
     """Train on one epoch (or its first `max_samples` samples), timed; then the model and what it cost."""
-    model, optimizer, scheduler = make_model(stage, math.ceil(len(train_idx) / stage.batch_size), device, seed)
+    model, optimizer, scheduler = make_model(stage, len(train_idx), device, seed)
     it = batches(stage, train_idx, device, seed)
     train_step(model, optimizer, scheduler, *next(it))  # warm-up step: trained on, not timed
     sync(device)
@@ -262,9 +263,8 @@ def run_study(cfg: Config, log=print) -> dict:
     log("validation accuracy: " + ", ".join(f"{r['stage'].name} {r['val_acc']:.2%}" for r in sweep))
     stages = make_stages(cfg, chosen["stage"])
     results = []
-    for stage in stages:
-        row = {**asdict(stage), **time_phases(stage, train_idx, device, cfg.phase_batches, cfg.seed),
-               **train_epoch(stage, train_idx, device, cfg.max_samples, cfg.seed)}
+    for stage, phases in zip(stages, time_phases(stages, train_idx, device, cfg.phase_batches, cfg.seed)):
+        row = {**asdict(stage), **phases, **train_epoch(stage, train_idx, device, cfg.max_samples, cfg.seed)}
         model = row.pop("model")
         row["test_acc"] = evaluate(model, x_test, y_test)  # once per stage, after its training
         row["weights_sum"] = sum(p.double().sum().item() for p in model.parameters())  # identical training?
