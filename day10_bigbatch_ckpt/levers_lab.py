@@ -1,5 +1,4 @@
-"""Day 10 lab — memory levers 4 to 6: freeze layers, LoRA written from scratch, and what offloading the optimizer
-states or an 8-bit optimizer would save.
+"""Day 10 lab — memory levers 4 to 6: freezing, LoRA written from scratch, optimizer offload and 8-bit states.
 
 On Day 10's tiny GPT, each trained for a few AdamW steps on one batch:
   1. freezing: `requires_grad_(False)` on the embeddings and every block but the last. Frozen parameters get no

@@ -1,5 +1,4 @@
-"""Day 10 — big batches: measure activation memory and the true peak, then shrink both with gradient checkpointing
-and bf16.
+"""Day 10 — big batches: activation memory and the true peak, shrunk by gradient checkpointing and bf16.
 
 A tiny GPT (4 Transformer blocks) is the patient. For each batch size, in three modes (fp32, fp32 with
 torch.utils.checkpoint around every block, bf16 autocast), two figures are measured, on any device:
@@ -221,7 +220,7 @@ class Config:
     time_batch: int = arg(32, "batch size of the step-time comparison", gt=0)
     repeat: int = arg(10, "timed steps per mode (their median is reported)", gt=0)
     layers: int = arg(4, "Transformer blocks in the tiny GPT", gt=0)
-    device: str | None = arg(None, "cpu, cuda or mps (default: the best available)")
+    device: str | None = arg(None, "cpu, cuda or mps (None: the best available)")
     seed: int = arg(0, "seed of the model's initial weights")
 
     def __post_init__(self):

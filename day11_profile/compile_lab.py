@@ -1,5 +1,4 @@
-"""Day 11, the last stage — torch.compile: what compiling costs, what a step costs after it, and the two ways a
-training loop trips over it.
+"""Day 11, the last stage — torch.compile: its cost, its steady-state step, recompiles and the _orig_mod. prefix.
 
   1. compile time and steady state, in one run: the optimised pipeline's training step (Day 4's MLP, batch 256,
      AdamW) eager and with `torch.compile(model)` (the inductor backend). The first compiled step includes compiling,

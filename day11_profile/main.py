@@ -1,5 +1,4 @@
-"""Day 11 — profile a training loop, find the real bottleneck, fix it one change at a time, and prove each change's
-speed-up at equal quality.
+"""Day 11 — profile a training loop, find the real bottleneck, fix it one change at a time, at equal quality.
 
 The curriculum's answer to "GPU utilisation is 30%, what do you do?" is a method, and this file runs it end to end:
   1. measure: time fetching a batch and running a training step separately; data/step says which side waits;
@@ -237,7 +236,7 @@ class Config:
     lr_grid: tuple[float, ...] = arg((4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2), "big-batch one-cycle peak LRs", gt=0)
     val_size: int = arg(5000, "images held out for validation (the LR choice)", gt=0, lt=TRAIN_SPLIT)
     phase_batches: int = arg(20, "batches timed per phase for data/step", gt=0)
-    device: str | None = arg(None, "cpu, cuda or mps (default: the best available)")
+    device: str | None = arg(None, "cpu, cuda or mps (None: the best available)")
     seed: int = arg(0, "seed of the initial weights and the shuffle")
     prof_dir: Path = arg(runs_dir(__file__, "prof"), "profiler traces (big: keep them under the git-ignored runs/)")
 
