@@ -1,20 +1,23 @@
-"""Day 10 — big batches: measure activation memory, then shrink it with gradient checkpointing and bf16.
+"""Day 10 — big batches: activation memory and the true peak, shrunk by gradient checkpointing and bf16.
 
-A tiny GPT (4 Transformer blocks) is the patient. For each batch size we count the bytes autograd keeps
-for backward (CPU: a saved-tensors hook; CUDA: also torch.cuda.max_memory_allocated), then repeat with
-torch.utils.checkpoint around every block and with bf16 autocast. From the measurements: the largest batch
-that fits an activation budget, the time checkpointing costs, and a check of the Megatron formula the
-memory calculator (memcalc.py) uses.
+A tiny GPT (4 Transformer blocks) is the patient. For each batch size, in three modes (fp32, fp32 with
+torch.utils.checkpoint around every block, bf16 autocast), two figures are measured, on any device:
+  - saved for backward: the bytes autograd keeps between forward and backward (`sprint.measure.SavedBytes`);
+  - true peak: the most tensor memory alive at once during forward + backward (`sprint.measure.PeakBytes`, a
+    live-allocation counter, cross-checked against torch.profiler's allocator record; on CUDA also
+    torch.cuda.max_memory_allocated).
+The peak is what decides an out-of-memory error, so the largest batch that fits a budget comes from it. Then: what
+checkpointing and bf16 cost in time, and a check of the Megatron formula the memory calculator (memcalc.py) uses.
 
-Run:    python day10_bigbatch_ckpt/main.py          (~20 s on CPU; writes day10_bigbatch_ckpt/results/)
-        python day10_bigbatch_ckpt/memcalc.py table (the curriculum's 12 GB table)
+Run:    python day10_bigbatch_ckpt/main.py                                    (writes runs/day10_bigbatch_ckpt/)
+        python day10_bigbatch_ckpt/main.py --out day10_bigbatch_ckpt/results  (refreshes the committed figures)
+        python day10_bigbatch_ckpt/memcalc.py examples                         (the curriculum's worked examples)
+        python day10_bigbatch_ckpt/levers_lab.py                               (freezing, LoRA, offload, 8-bit)
 Gates:  python day10_bigbatch_ckpt/check.py
 """
-import argparse
-import copy
-import json
 import math
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,15 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.benchmark as benchmark
 from torch.utils.checkpoint import checkpoint
 
-from day10_bigbatch_ckpt import memcalc
+from sprint import runs_dir
+from sprint.cli import arg, parse, progress, run, validate
 from sprint.device import pick_device
+from sprint.measure import PeakBytes, SavedBytes, machine, median_seconds, quiet_profiler
 
-OUT_DIR = Path(__file__).resolve().parent / "results"
 MiB = 2**20
-MODES = ("fp32", "fp32 + checkpoint", "bf16 autocast")  # the three lines of the plot
+MODES = ("fp32", "fp32 + checkpoint", "bf16 autocast")  # the three lines of each plot
 
 
 @dataclass
@@ -108,37 +111,6 @@ def make_batch(cfg: GPTConfig, batch: int, device="cpu", seed: int = 0):
     return idx[:, :-1], idx[:, 1:]  # next-token targets
 
 
-class SavedTensorBytes:
-    """Counts the bytes autograd saves for backward while the context is open.
-
-    A tensor saved twice (or two views of one buffer, e.g. the token ids and targets sliced from one tensor)
-    counts once: storages are deduplicated by data_ptr. Parameters and buffers are skipped: they are model states, not
-    activations. The pack hook returns the tensor itself, so counting changes nothing it measures.
-    """
-
-    def __init__(self, model: nn.Module):
-        self.skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-        self.storages: dict[int, int] = {}
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in self.skip:
-            self.storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
-
-    def __enter__(self):
-        self.hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.hooks.__exit__(*exc)
-
-
 def loss_in_mode(model: TinyGPT, idx, targets, mode: str):
     """One forward pass in one of MODES (autocast only changes the compute dtype, weights stay fp32)."""
     if mode not in MODES:
@@ -147,31 +119,67 @@ def loss_in_mode(model: TinyGPT, idx, targets, mode: str):
         return model(idx, targets, checkpointing=mode == "fp32 + checkpoint")
 
 
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def saved_bytes(model: TinyGPT, batch: int, mode: str) -> int:
-    """Activation bytes for one forward pass at `batch` (forward only: the graph is dropped, no backward)."""
-    idx, targets = make_batch(model.cfg, batch, next(model.parameters()).device)
-    with SavedTensorBytes(model) as counter:
+    """Bytes autograd keeps for backward after one forward pass (the graph is then dropped, no backward)."""
+    idx, targets = make_batch(model.cfg, batch, device_of(model))
+    with SavedBytes(skip=model) as counter:
         loss_in_mode(model, idx, targets, mode)
     return counter.total
 
 
-def cuda_peak_bytes(model: TinyGPT, batch: int, mode: str) -> int:
-    """CUDA only: peak allocated during the forward pass, above what was allocated before it."""
-    idx, targets = make_batch(model.cfg, batch, "cuda")
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    loss = loss_in_mode(model, idx, targets, mode)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del loss
+def peak_bytes(model: TinyGPT, batch: int, mode: str) -> tuple[int, int]:
+    """(forward peak, true peak) of one forward + backward: the most tensor memory alive at once, gradients
+    included, above the weights and the batch that were there before."""
+    idx, targets = make_batch(model.cfg, batch, device_of(model))
+    model.zero_grad(set_to_none=True)  # the gradients are allocated inside the step, as in training
+    with PeakBytes() as counter:
+        loss = loss_in_mode(model, idx, targets, mode)
+        forward = counter.peak
+        loss.backward()
+        del loss
+    model.zero_grad(set_to_none=True)
+    return forward, counter.peak
+
+
+def profiler_peak_bytes(model: TinyGPT, batch: int, mode: str) -> int:
+    """The same peak from an independent witness: torch.profiler's record of every allocation and free."""
+    from torch.profiler import ProfilerActivity, profile
+
+    quiet_profiler()
+    idx, targets = make_batch(model.cfg, batch, device_of(model))
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss_in_mode(model, idx, targets, mode).backward()
+    model.zero_grad(set_to_none=True)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:  # +size at each allocation, -size at each free, in time order
+        live += nbytes
+        peak = max(peak, live)
     return peak
 
 
-def largest_batch(measure, budget: int) -> int:
-    """Largest batch whose measured activations fit `budget`.
+def cuda_peak_bytes(model: TinyGPT, batch: int, mode: str) -> int:
+    """CUDA only: torch.cuda.max_memory_allocated() over forward + backward, above what was allocated before."""
+    idx, targets = make_batch(model.cfg, batch, "cuda")
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss_in_mode(model, idx, targets, mode).backward()
+    torch.cuda.synchronize()
+    model.zero_grad(set_to_none=True)
+    return torch.cuda.max_memory_allocated() - base
 
-    Activations are linear in the batch (checked by the doubling gate), so two measurements give the line;
+
+def largest_batch(measure, budget: int) -> int:
+    """Largest batch whose measured bytes fit `budget`.
+
+    Both figures are linear in the batch (checked by the doubling gate), so two measurements give the line;
     its prediction is then confirmed (and corrected if needed) by measuring b and b+1 themselves.
     """
     one, two = measure(1), measure(2)
@@ -184,19 +192,16 @@ def largest_batch(measure, budget: int) -> int:
     return b
 
 
-def step_seconds(model: TinyGPT, batch: int, mode: str, min_run_time: float = 1.0) -> float:
-    """Median wall time of forward + backward (torch.utils.benchmark: warm-up, repeats, our thread count)."""
-    idx, targets = make_batch(model.cfg, batch, next(model.parameters()).device)
-    timer = benchmark.Timer("loss_in_mode(model, idx, targets, mode).backward()",
-                            globals=dict(loss_in_mode=loss_in_mode, model=model, idx=idx, targets=targets, mode=mode),
-                            num_threads=torch.get_num_threads())
-    seconds = timer.blocked_autorange(min_run_time=min_run_time).median  # synchronises CUDA itself
+def step_seconds(model: TinyGPT, batch: int, mode: str, repeat: int) -> float:
+    """Median wall time of forward + backward (sprint.measure.median_seconds: warm-up, then the median)."""
+    idx, targets = make_batch(model.cfg, batch, device_of(model))
+    seconds = median_seconds(lambda: loss_in_mode(model, idx, targets, mode).backward(), repeat=repeat, warmup=2)
     model.zero_grad(set_to_none=True)
     return seconds
 
 
 def gradients(model: TinyGPT, batch: int, mode: str, seed: int = 0) -> list[torch.Tensor]:
-    idx, targets = make_batch(model.cfg, batch, next(model.parameters()).device)
+    idx, targets = make_batch(model.cfg, batch, device_of(model))
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)  # same dropout masks in both runs; checkpoint replays the RNG when recomputing
     loss_in_mode(model, idx, targets, mode).backward()
@@ -208,152 +213,65 @@ def allclose_ratio(got: list[torch.Tensor], want: list[torch.Tensor], rtol=1e-5,
     return max(((g - w).abs() / (atol + rtol * w.abs())).max().item() for g, w in zip(got, want))
 
 
-def megatron_check(cfg: GPTConfig, batches=(4, 8), device="cpu") -> list[dict]:
-    """Close the loop: predict one block's 16-bit activations with the formula, measure them with the hook.
+@dataclass
+class Config:
+    batches: tuple[int, ...] = arg((4, 8, 16, 32, 64), "batch sizes to measure", gt=0)
+    budget_mib: float = arg(32.0, "memory budget (MiB) for the largest batch that fits", gt=0)
+    time_batch: int = arg(32, "batch size of the step-time comparison", gt=0)
+    repeat: int = arg(10, "timed steps per mode (their median is reported)", gt=0)
+    layers: int = arg(4, "Transformer blocks in the tiny GPT", gt=0)
+    device: str | None = arg(None, "cpu, cuda or mps (None: the best available)")
+    seed: int = arg(0, "seed of the model's initial weights")
 
-    The blocks run with bf16 weights and inputs, the formula's setting. What it counts: the inputs of the
-    linear layers, LayerNorms and GELU, q/k/v, softmax output, and dropout masks at 1 byte per element.
-    Two known differences: PyTorch's CPU dropout keeps its mask in the activation dtype (2 bytes; CUDA keeps a
-    1-byte bool mask), and each LayerNorm also saves its mean and 1/std per token. `explained` adds both.
-    """
-    model = TinyGPT(cfg).to(device)
-    blocks = copy.deepcopy(model.blocks).to(torch.bfloat16)
-    s, h, a, layers = cfg.seq, cfg.hidden, cfg.heads, cfg.layers
-    rows = []
-    for b in batches:
-        x = torch.randn(b, s, h, dtype=torch.bfloat16, device=device, requires_grad=True)
-        with SavedTensorBytes(blocks) as counter:
-            y = x
-            for block in blocks:
-                y = block(y)
-        measured = counter.total / layers
-        predicted = memcalc.activation_bytes_per_layer(s, b, h, a)
-        mask_bytes, stat_bytes = (2, 2) if device == "cpu" else (1, 4)
-        mask_extra = (mask_bytes - 1) * (2 * s * b * h + a * s * s * b)  # the formula prices masks at 1 byte
-        ln_stats = 2 * 2 * b * s * stat_bytes  # 2 LayerNorms x (mean, 1/std) per token
-        rows.append({"batch": b, "measured_per_layer": measured, "predicted_per_layer": predicted,
-                     "ratio": measured / predicted, "explained_ratio": measured / (predicted + mask_extra + ln_stats)})
-    return rows
+    def __post_init__(self):
+        validate(self)
 
 
-def cuda_model_states(cfg: GPTConfig, batch: int = 1) -> dict:
-    """CUDA only: params + grads + AdamW states after the first step, predicted (memcalc) vs measured."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    model = TinyGPT(cfg).cuda()
-    # fused AdamW updates in place; the default foreach path allocates temporaries as large as the states.
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    idx, targets = make_batch(cfg, batch, "cuda")
-    model(idx, targets).backward()
-    opt.step()
-    torch.cuda.synchronize()
-    params = sum(p.numel() for p in model.parameters())
-    return {"params": params, "predicted": memcalc.model_state_bytes(params, "fp32-adamw"),
-            "measured": torch.cuda.max_memory_allocated() - base}
-
-
-def run(cfg: GPTConfig = GPTConfig(), batches=(4, 8, 16, 32, 64), budget_mib: float = 32.0, time_batch: int = 32,
-        time_s: float = 1.0, device=None, seed: int = 0) -> dict:
-    device = pick_device(device)
-    torch.manual_seed(seed)
-    model = TinyGPT(cfg).to(device)
-    memory = {mode: [saved_bytes(model, b, mode) for b in batches] for mode in MODES}
-    result = {"config": asdict(cfg), "device": str(device), "batches": list(batches), "saved_bytes": memory}
+def run_study(cfg: Config) -> dict:
+    """Every figure of the day on one model: memory per batch and mode, largest batches, step times, Megatron."""
+    device = pick_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    gpt = GPTConfig(layers=cfg.layers)
+    model = TinyGPT(gpt).to(device)
+    batches = sorted(cfg.batches)
+    peaks = {mode: [peak_bytes(model, b, mode) for b in batches] for mode in progress(MODES, desc="true peak")}
+    result = {"config": asdict(gpt), "device": str(device), "batches": batches,
+              "saved_bytes": {mode: [saved_bytes(model, b, mode) for b in batches] for mode in MODES},
+              "forward_peak_bytes": {mode: [f for f, _ in peaks[mode]] for mode in MODES},
+              "peak_bytes": {mode: [p for _, p in peaks[mode]] for mode in MODES}}
     if device.type == "cuda":
-        loss_in_mode(model, *make_batch(cfg, 2, device), "fp32").backward()  # warm-up: cuBLAS workspace etc.
+        loss_in_mode(model, *make_batch(gpt, 2, device), "fp32").backward()  # warm-up: cuBLAS workspace etc.
         result["cuda_peak_bytes"] = {mode: [cuda_peak_bytes(model, b, mode) for b in batches] for mode in MODES}
+    else:  # the counter against the profiler's allocation record, at the largest batch
+        result["profiler_peak_bytes"] = {mode: profiler_peak_bytes(model, batches[-1], mode) for mode in MODES}
 
-    budget = int(budget_mib * MiB)
+    budget = int(cfg.budget_mib * MiB)
+    measures = {"saved for backward": lambda b, m: saved_bytes(model, b, m),
+                "true peak": lambda b, m: peak_bytes(model, b, m)[1]}
     result["budget_bytes"] = budget
-    result["largest_batch"] = {mode: largest_batch(lambda b, m=mode: saved_bytes(model, b, m), budget)
-                               for mode in MODES[:2]}
-    result["step_seconds"] = {mode: step_seconds(model, time_batch, mode, time_s) for mode in MODES}
-    result["time_batch"] = time_batch
+    result["largest_batch"] = {figure: {mode: largest_batch(lambda b, m=mode: measure(b, m), budget)
+                                        for mode in progress(MODES, desc=f"largest batch by {figure}")}
+                               for figure, measure in measures.items()}
+    result["time_batch"] = cfg.time_batch
+    result["step_seconds"] = {mode: step_seconds(model, cfg.time_batch, mode, cfg.repeat) for mode in MODES}
     result["grad_allclose_ratio"] = allclose_ratio(gradients(model, 8, "fp32 + checkpoint"),
                                                    gradients(model, 8, "fp32"))
-    result["megatron"] = megatron_check(cfg, device=device.type)
+    from day10_bigbatch_ckpt.formula_check import megatron_check  # it builds this module's model
+
+    result["megatron"] = megatron_check(gpt, device=device.type)
     return result
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for mode, values in result["saved_bytes"].items():
-        ax.plot(result["batches"], [v / MiB for v in values], "o-", label=mode)
-    ax.axhline(result["budget_bytes"] / MiB, color="gray", ls="--",
-               label=f"activation budget ({result['budget_bytes'] / MiB:g} MiB)")
-    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="bytes saved for backward (MiB)",
-           title="Activation memory vs batch (tiny GPT, saved-tensor hook)")
-    ax.set_xticks(result["batches"], [str(b) for b in result["batches"]])
-    ax.minorticks_off()
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def report(result: dict) -> str:
-    """The Markdown tables README shows."""
-    batches = result["batches"]
-    lines = ["| batch | " + " | ".join(f"{m} (MiB)" for m in MODES) + " |", "|---:|" + "---:|" * len(MODES)]
-    for i, b in enumerate(batches):
-        lines.append(f"| {b} | " + " | ".join(f"{result['saved_bytes'][m][i] / MiB:.2f}" for m in MODES) + " |")
-    if "cuda_peak_bytes" in result:
-        lines += ["", "CUDA, torch.cuda.max_memory_allocated() during the forward pass (MiB):", "",
-                  "| batch | " + " | ".join(MODES) + " |", "|---:|" + "---:|" * len(MODES)]
-        for i, b in enumerate(batches):
-            lines.append(f"| {b} | " + " | ".join(f"{result['cuda_peak_bytes'][m][i] / MiB:.2f}" for m in MODES)
-                         + " |")
-    fp32, ckpt = result["saved_bytes"]["fp32"], result["saved_bytes"]["fp32 + checkpoint"]
-    t = result["step_seconds"]
-    lines += ["", f"- checkpointing keeps {1 - ckpt[-1] / fp32[-1]:.1%} less activation memory at batch "
-              f"{batches[-1]}; bf16 autocast {1 - result['saved_bytes']['bf16 autocast'][-1] / fp32[-1]:.1%} less.",
-              f"- largest batch within {result['budget_bytes'] / MiB:.0f} MiB of activations: "
-              f"{result['largest_batch']['fp32']} without checkpointing, "
-              f"{result['largest_batch']['fp32 + checkpoint']} with it.",
-              f"- forward + backward at batch {result['time_batch']}: fp32 {t['fp32'] * 1e3:.1f} ms, with "
-              f"checkpointing {t['fp32 + checkpoint'] * 1e3:.1f} ms (x{t['fp32 + checkpoint'] / t['fp32']:.2f}), "
-              f"bf16 autocast {t['bf16 autocast'] * 1e3:.1f} ms (x{t['bf16 autocast'] / t['fp32']:.2f}).",
-              f"- checkpointed gradients vs plain: max |diff| / (atol + rtol*|ref|) = "
-              f"{result['grad_allclose_ratio']:.3g} (<= 1 means torch.allclose).", "",
-              "| batch | measured per block (bytes) | Megatron s*b*h*(34+5as/h) | measured / predicted | "
-              "measured / (predicted + mask & LayerNorm extras) |", "|---:|---:|---:|---:|---:|"]
-    for r in result["megatron"]:
-        lines.append(f"| {r['batch']} | {r['measured_per_layer']:,.0f} | {r['predicted_per_layer']:,.0f} | "
-                     f"{r['ratio']:.3f} | {r['explained_ratio']:.3f} |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[4, 8, 16, 32, 64])
-    parser.add_argument("--budget-mib", type=float, default=32.0, help="activation budget for the largest batch")
-    parser.add_argument("--time-batch", type=int, default=32, help="batch for the step-time comparison")
-    parser.add_argument("--time-s", type=float, default=1.0, help="timing budget per mode (seconds)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--device", default=None, help="cpu / cuda / mps (default: best available)")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="where the plot and tables go")
-    args = parser.parse_args(argv)
-    if min(args.batches) < 1 or args.budget_mib <= 0 or args.layers < 1:
-        parser.error("batches and layers must be >= 1 and the budget positive")
+    from day10_bigbatch_ckpt import report  # the report reads this module's figures
 
-    result = run(GPTConfig(layers=args.layers), tuple(sorted(args.batches)), args.budget_mib, args.time_batch,
-                 args.time_s, args.device)
-    text = report(result)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(result, args.out / "memory_vs_batch.png")
-    (args.out / "memory_vs_batch.md").write_text(text + "\n")
-    (args.out / "memory_table_12gb.md").write_text(memcalc.table_markdown(memcalc.table_12gb()) + "\n")
-    (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}/memory_vs_batch.png, memory_vs_batch.md, memory_table_12gb.md, summary.json")
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
+    t0 = time.perf_counter()
+    result = run_study(cfg)
+    result.update(machine=machine(), torch=torch.__version__, wall_s=time.perf_counter() - t0)
+    print(report.write(result, out))
     return result
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

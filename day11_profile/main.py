@@ -1,28 +1,27 @@
-"""Day 11 — profile a training loop, find the real bottleneck, fix it, and prove the speed-up.
+"""Day 11 — profile a training loop, find the real bottleneck, fix it one change at a time, at equal quality.
 
 The curriculum's answer to "GPU utilisation is 30%, what do you do?" is a method, and this file runs it end to end:
   1. measure: time fetching a batch and running a training step separately; data/step says which side waits;
   2. profile: `torch.profiler` with `record_function` labels shows where each step's time goes, op by op;
-  3. fix what the measurement points to, one change at a time, and measure again in the same run;
+  3. fix what the measurement points to, one change at a time, and measure again in the same run: the speed AND the
+     test accuracy after the same number of epochs (a speed-up that costs accuracy is not a fix);
   4. conclude from the figures (the report's conclusion is generated from them).
 
-The "before" is Day 5's pipeline as a learner first writes it: torchvision's per-sample MNIST (PIL decode +
-transforms.v2 on every sample, every epoch), `DataLoader(num_workers=0)`, batch 64, and `loss.item()` every step.
+The "before" is Day 5's pipeline as a learner first writes it: torchvision's per-sample MNIST (PIL decode + the
+transforms.v2 below on every sample, every epoch), `DataLoader(num_workers=0)`, batch 64, AdamW at 1e-3 and
+`loss.item()` every step. The changes: the same transforms applied once to the whole split (identical tensors, so
+identical training), batch 256, its learning rate retuned on a validation split, no per-step `.item()`; the last
+stage, torch.compile, is `compile_lab.py`.
 
-Run:    python day11_profile/main.py                      (~1 min on a quiet 2-core CPU: one full epoch per stage)
-        python day11_profile/main.py --max-samples 12800  (a quick look: the first 12,800 samples of each epoch)
+Run:    python day11_profile/main.py                              (one full epoch per stage; writes runs/day11_profile/)
+        python day11_profile/main.py --max-samples 6400           (quick: epoch times extrapolated from 6,400 images)
+        python day11_profile/main.py --out day11_profile/results  (refreshes the committed figures)
 Gates:  python day11_profile/check.py
-Trace:  drag day11_profile/prof/naive/*.pt.trace.json onto https://ui.perfetto.dev (or open it in chrome://tracing)
+Trace:  drag runs/day11_profile/prof/naive/*.pt.trace.json onto https://ui.perfetto.dev (or chrome://tracing)
 """
-import argparse
-import gzip
-import json
+import functools
 import math
-import statistics
-import subprocess
 import sys
-import textwrap
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,81 +35,63 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from day04_mlp_mnist.main import MLP
-from sprint.data import MEAN, STD, mnist, mnist_tensors
+from day11_profile.bands import classify
+from day11_profile.gpu_util import gpu_utilisation
+from sprint import runs_dir
+from sprint.cli import arg, parse, progress, run, unwritable, validate
+from sprint.data import MEAN, STD, mnist
 from sprint.device import pick_device
+from sprint.measure import quiet_profiler
 
-HERE = Path(__file__).resolve().parent
-OUT_DIR = HERE / "results"
-PROF_DIR = HERE / "prof"  # traces are big: git-ignored
 LABELS = ("data", "forward", "backward", "optimizer")  # the record_function ranges every step is split into
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # skip step 1 (start-up), warm up on 2, record 3-5
-
-# data/step -> verdict. The curriculum (§9) gives < 5%, 20-60% and > 100%; the gaps are filled here:
-# 5-20% is below the 20% at which it says moving work off the data path pays, and 60-100% means the step
-# waits for data almost as long as it computes. Each band is [lower, upper).
-BANDS = [
-    (0.05, "compute-bound", "the device is the bottleneck: a better device, mixed precision or a smaller model"),
-    (0.20, "mostly compute-bound", "data loading is visible but under 20% of a step: leave the pipeline alone"),
-    (0.60, "partly data-bound", "more workers, pin_memory, augmentation on the device, a faster storage format"),
-    (1.00, "mostly data-bound", "the step waits for data almost as long as it computes: fix the pipeline first"),
-    (math.inf, "data-bound", "the device idles waiting for data: fix the pipeline before buying hardware"),
-]
-
-
-def classify(ratio: float) -> str:
-    """The verdict for a measured data-time / step-time ratio."""
-    if not ratio >= 0:  # also rejects NaN
-        raise ValueError(f"data/step ratio must be a number >= 0, got {ratio!r}")
-    return next(verdict for upper, verdict, _ in BANDS if ratio < upper)
-
-
-def band_of(verdict: str) -> tuple[float, float]:
-    """The [lower, upper) data/step range a verdict stands for."""
-    uppers = [0.0] + [upper for upper, _, _ in BANDS]
-    i = [v for _, v, _ in BANDS].index(verdict)
-    return uppers[i], uppers[i + 1]
-
+TRANSFORM = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize((MEAN,), (STD,))])
+TRAIN_SPLIT = 60_000
 
 # ---------------------------------------------------------------------------------------------------------------
-# The pipelines: one change at a time, from the learner's first version to the fixed one.
+# The pipelines and the recipe: one change per stage, from the learner's first version to the fixed one.
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     in_memory: bool  # False: decode + transform every sample on every epoch; True: tensors prepared once
     batch_size: int
+    lr: float  # AdamW's learning rate (the peak of the one-cycle schedule)
+    one_cycle: bool  # warm the LR up then anneal it over the epoch, instead of keeping it constant
     item_each_step: bool  # `total += loss.item()` every step: a host sync that waits for the device
 
 
-def make_stages(batch_size: int, big_batch: int) -> list[Stage]:
-    return [
-        Stage("naive", False, batch_size, True),
-        Stage("in-memory tensors", True, batch_size, True),
-        Stage(f"+ batch {big_batch}", True, big_batch, True),
-        Stage("+ no per-step .item()", True, big_batch, False),  # the optimised pipeline
-    ]
+def make_stages(cfg, tuned: Stage) -> list[Stage]:
+    return [Stage("naive", False, cfg.batch_size, cfg.lr, False, True),
+            Stage("in-memory tensors", True, cfg.batch_size, cfg.lr, False, True),
+            Stage(f"+ batch {cfg.big_batch}", True, cfg.big_batch, cfg.lr, False, True),
+            Stage(f"+ LR retuned ({tuned.name})", True, cfg.big_batch, tuned.lr, tuned.one_cycle, True),
+            Stage("+ no per-step .item()", True, cfg.big_batch, tuned.lr, tuned.one_cycle, False)]  # optimised
 
 
-def per_sample_loader(batch_size: int, seed: int) -> DataLoader:
-    """Day 5's pipeline as first written: every image decoded from PIL and transformed, in the training process."""
-    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize((MEAN,), (STD,))])
-    return DataLoader(mnist(train=True, transform=transform), batch_size=batch_size, shuffle=True, num_workers=0,
-                      generator=torch.Generator().manual_seed(seed))
+@functools.lru_cache(maxsize=2)
+def prepared(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fix: the same transforms, applied once to the whole split, so every pipeline sees identical tensors."""
+    ds = mnist(train=train)
+    return TRANSFORM(ds.data.unsqueeze(1)).as_subclass(torch.Tensor), ds.targets  # (N,1,28,28) float32, (N,)
 
 
-def in_memory_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int):
-    """The fix: the split was decoded and normalised once (on the device); an epoch is a shuffled index."""
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed)).to(x.device)
-    for idx in order.split(batch_size):
-        yield x[idx], y[idx]
+def split(val_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) indices of MNIST's training set, one fixed split; the test set stays for reporting."""
+    order = torch.randperm(TRAIN_SPLIT, generator=torch.Generator().manual_seed(0))
+    return order[val_size:], order[:val_size]
 
 
-def batches(stage: Stage, device: torch.device, seed: int):
-    """One epoch of (x, y) on `device`; each fetch is a "data" range in the profiler's trace."""
+def batches(stage: Stage, train_idx: torch.Tensor, device: torch.device, seed: int):
+    """One epoch of (x, y) on `device` in a seeded order; each fetch is a "data" range in the profiler's trace."""
+    order = train_idx[torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(seed))]
     if stage.in_memory:
-        source = in_memory_batches(*mnist_tensors(train=True, device=device), stage.batch_size, seed)
-    else:
-        source = iter(per_sample_loader(stage.batch_size, seed))
+        images, labels = (t.to(device) for t in prepared(train=True))
+        source = ((images[i], labels[i]) for i in order.to(device).split(stage.batch_size))
+    else:  # Day 5's first pipeline: PIL decode + transforms per sample, in the training process
+        loader = DataLoader(mnist(train=True, transform=TRANSFORM), batch_size=stage.batch_size,
+                            sampler=order.tolist(), num_workers=0, generator=torch.Generator().manual_seed(seed))
+        source = iter(loader)
     while True:
         with record_function("data"):
             batch = next(source, None)
@@ -120,13 +101,16 @@ def batches(stage: Stage, device: torch.device, seed: int):
         yield x, y
 
 
-def make_model(device: torch.device, seed: int):
+def make_model(stage: Stage, train_size: int, device: torch.device, seed: int):
     torch.manual_seed(seed)  # every stage trains the same initial model
-    model = MLP().to(device)  # Day 4's model, unchanged: only the pipeline around it changes today
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = MLP().to(device)  # Day 4's model, unchanged: only the pipeline and the recipe around it change
+    optimizer = torch.optim.AdamW(model.parameters(), lr=stage.lr)
+    steps = math.ceil(train_size / stage.batch_size)  # one epoch: the one-cycle schedule spans it
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, stage.lr, total_steps=steps) if stage.one_cycle else None
+    return model, optimizer, scheduler
 
 
-def train_step(model, optimizer, x, y) -> torch.Tensor:
+def train_step(model, optimizer, scheduler, x, y) -> torch.Tensor:
     """One optimisation step, split into labelled ranges so the trace shows each part."""
     with record_function("forward"):
         loss = F.cross_entropy(model(x), y)
@@ -135,6 +119,8 @@ def train_step(model, optimizer, x, y) -> torch.Tensor:
         loss.backward()
     with record_function("optimizer"):
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
     return loss.detach()
 
 
@@ -144,90 +130,67 @@ def sync(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# 1. Measure: data time vs step time.
-
-def time_phases(stage: Stage, device: torch.device, n_batches: int, seed: int) -> dict:
-    """The curriculum's measurement: time a batch fetch and a training step separately (fastest of `n_batches`)."""
-    model, optimizer = make_model(device, seed)
-    it = batches(stage, device, seed)
-    data_s, step_s = [], []
-    for i in range(n_batches + 1):  # the first batch is a warm-up (allocator, thread pool) and is not counted
-        t0 = time.perf_counter()
-        x, y = next(it)
-        sync(device)
-        t1 = time.perf_counter()
-        train_step(model, optimizer, x, y)
-        sync(device)
-        if i:
-            data_s.append(t1 - t0)
-            step_s.append(time.perf_counter() - t1)
-    data, step = min(data_s), min(step_s)  # timeit's rule: a slower repeat was slowed by something else
-    return {"data_ms": 1e3 * data, "step_ms": 1e3 * step, "ratio": data / step, "verdict": classify(data / step),
-            "compute_share": step / (data + step)}  # the CPU stand-in for "GPU utilisation"
+def evaluate(model, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        correct = sum((model(xb).argmax(1) == yb).sum().item() for xb, yb in zip(x.split(5000), y.split(5000)))
+    model.train()
+    return correct / len(y)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. Profile: a Chrome-trace JSON per pipeline plus the key-averages table.
+# 1. Measure: data time vs step time.  2. Profile.  3. Time whole epochs, with the accuracy they reach.
 
-def profile_steps(stage: Stage, device: torch.device, trace_dir: Path, seed: int) -> dict:
-    """Profile 5 steps (wait 1, warm up 1, record 3); write the trace to `trace_dir` and return the tables."""
+def time_phases(stages: list[Stage], train_idx, device: torch.device, n_batches: int, seed: int) -> list[dict]:
+    """The curriculum's measurement: time a batch fetch and a training step separately, per stage the fastest of
+    `n_batches`. The stages take turns, one batch each per round, so a busy spell on a shared machine hits all alike."""
+    runs = [(*make_model(st, len(train_idx), device, seed), batches(st, train_idx, device, seed), [], [])
+            for st in stages]  # per stage: a model, an optimizer, a scheduler, a batch stream, two timing lists
+    for i in range(n_batches + 1):  # the first round is a warm-up (allocator, thread pool) and is not counted
+        for model, optimizer, scheduler, it, data_s, step_s in runs:
+            t0 = time.perf_counter()
+            x, y = next(it)
+            sync(device)
+            t1 = time.perf_counter()
+            train_step(model, optimizer, scheduler, x, y)
+            sync(device)
+            if i:
+                data_s.append(t1 - t0)
+                step_s.append(time.perf_counter() - t1)
+    times = [(min(run[-2]), min(run[-1])) for run in runs]  # a slower repeat was slowed by something
+    return [{"data_ms": 1e3 * data, "step_ms": 1e3 * step, "ratio": data / step, "verdict": classify(data / step),
+             "compute_share": step / (data + step)} for data, step in times]  # the CPU stand-in for "GPU utilisation"
+
+
+def profile_steps(stage: Stage, train_idx, device: torch.device, trace_dir: Path, seed: int):
+    """Profile 5 steps (wait 1, warm up 1, record 3); write the trace to `trace_dir`; return the profiler."""
+    quiet_profiler()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     trace_dir.mkdir(parents=True, exist_ok=True)
     for old in trace_dir.glob("*.pt.trace.json*"):  # one trace per pipeline: the report points at it
         old.unlink()
-    model, optimizer = make_model(device, seed)
-    it = batches(stage, device, seed)
+    model, optimizer, scheduler = make_model(stage, len(train_idx), device, seed)
+    it = batches(stage, train_idx, device, seed)
     with profile(activities=activities, schedule=schedule(**PROFILE_SCHEDULE), record_shapes=True,
                  profile_memory=True, on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name="train")
                  ) as prof:
         for _ in range(sum(PROFILE_SCHEDULE.values())):
-            train_step(model, optimizer, *next(it))
+            train_step(model, optimizer, scheduler, *next(it))
             prof.step()  # advances the schedule; the trace is written after the last active step
-    kind = "device" if device.type == "cuda" else "cpu"
-    averages = prof.key_averages()
-    table = (f"sorted by {kind}_time_total (where each step's time goes: the labelled ranges include their ops)\n"
-             + averages.table(sort_by=f"{kind}_time_total", row_limit=-1)
-             + f"\n\nsorted by self_{kind}_time_total (the hot ops themselves)\n"
-             + averages.table(sort_by=f"self_{kind}_time_total", row_limit=15))
-    hot = sorted((e for e in averages if e.key not in LABELS and not e.key.startswith("ProfilerStep")),
-                 key=lambda e: getattr(e, f"self_{kind}_time_total"), reverse=True)[:3]
-    trace = next(trace_dir.glob("*.pt.trace.json*"))
-    return {"trace": trace, "table": table, "ranges_ms": labelled_ranges_ms(trace),
-            "hot_ops": [(e.key, getattr(e, f"self_{kind}_time_total") / 1e3) for e in hot]}
+    return prof, next(trace_dir.glob("*.pt.trace.json*"))
 
 
-def load_trace(path: Path) -> dict:
-    """A Chrome-trace JSON as written by tensorboard_trace_handler (gzipped when its name ends in .gz)."""
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
-        return json.load(f)
-
-
-def labelled_ranges_ms(trace: Path) -> dict:
-    """Mean duration (ms) of each labelled range and of a whole profiled step, read back from the trace."""
-    durations = {}
-    for event in load_trace(trace)["traceEvents"]:
-        name = event.get("name", "")
-        key = "step" if name.startswith("ProfilerStep#") else name
-        # host-side ranges only: on CUDA the trace repeats each label on the GPU timeline ("gpu_user_annotation")
-        if event.get("cat") == "user_annotation" and key in (*LABELS, "step"):
-            durations.setdefault(key, []).append(event["dur"] / 1e3)  # Chrome traces count in microseconds
-    return {key: statistics.mean(values) for key, values in durations.items()}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 3. Fix and measure again: the same training loop, timed end to end.
-
-def time_epoch(stage: Stage, device: torch.device, max_samples: int | None, seed: int) -> dict:
-    """Train on the first `max_samples` samples of an epoch (all of it when None): throughput and host-sync cost."""
-    model, optimizer = make_model(device, seed)
-    it = batches(stage, device, seed)
-    train_step(model, optimizer, *next(it))  # warm-up step, not timed
+def train_epoch(stage: Stage, train_idx, device: torch.device, max_samples: int | None, seed: int) -> dict:
+    """Train on one epoch (or its first `max_samples` samples), timed; then the model and what it cost."""
+    model, optimizer, scheduler = make_model(stage, len(train_idx), device, seed)
+    it = batches(stage, train_idx, device, seed)
+    train_step(model, optimizer, scheduler, *next(it))  # warm-up step: trained on, not timed
     sync(device)
     total_loss, n_samples, n_steps, item_s = 0.0, 0, 0, 0.0
+    todo = math.ceil(min(len(train_idx), max_samples or len(train_idx)) / stage.batch_size) - 1
     t0, cpu0 = time.perf_counter(), time.process_time()
-    for x, y in it:
-        loss = train_step(model, optimizer, x, y)
+    for x, y in progress(it, desc=stage.name, total=todo, unit="step"):
+        loss = train_step(model, optimizer, scheduler, x, y)
         if stage.item_each_step:  # the habit of logging every step: the host waits for the device each time
             t = time.perf_counter()
             total_loss += loss.item()
@@ -242,252 +205,95 @@ def time_epoch(stage: Stage, device: torch.device, max_samples: int | None, seed
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     if not math.isfinite(mean_loss):
         raise FloatingPointError(f"{stage.name}: training loss became {mean_loss}")
-    return {"samples": n_samples, "steps": n_steps, "wall_s": wall, "samples_per_s": n_samples / wall,
-            "epoch_s": 60_000 / (n_samples / wall),  # MNIST's training split, at the measured rate
+    return {"model": model, "samples": n_samples, "steps": n_steps, "wall_s": wall, "samples_per_s": n_samples / wall,
+            "epoch_s": len(train_idx) / (n_samples / wall), "extrapolated": max_samples is not None,
             "item_us_per_step": 1e6 * item_s / n_steps, "item_share": item_s / wall,
             "cores_busy": cpu / wall,  # process CPU time / wall time: how many cores the loop kept busy
             "mean_loss": mean_loss}
 
 
-def gpu_utilisation(run, device: torch.device, min_seconds: float) -> float | None:
-    """Mean GPU utilisation (NVML, %) while `run()` is repeated for at least `min_seconds`; None without a reading."""
-    samples, done = [], threading.Event()
-
-    def sample():
-        while not done.wait(0.2):  # NVML averages over its own 1/6-1 s window
-            value = read_gpu_utilisation(device)
-            if value is not None:
-                samples.append(value)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < min_seconds:
-        run()
-    done.set()
-    sampler.join()
-    return statistics.mean(samples) if samples else None
+def lr_sweep(cfg, train_idx, val_idx, device: torch.device) -> list[dict]:
+    """Retune the learning rate for the big batch on the VALIDATION split (the test set plays no part in the choice):
+    one epoch per candidate (--max-samples: its first N images), the naive recipe first (the accuracy to match), then
+    one-cycle schedules."""
+    x, y = (t.to(device) for t in prepared(train=True))
+    candidates = [("naive recipe", cfg.batch_size, cfg.lr, False),
+                  *((f"one-cycle, peak {peak:g}", cfg.big_batch, peak, True) for peak in cfg.lr_grid)]
+    rows = []
+    for name, batch_size, lr, one_cycle in candidates:
+        stage = Stage(name, True, batch_size, lr, one_cycle, False)
+        model = train_epoch(stage, train_idx, device, cfg.max_samples, cfg.seed)["model"]
+        rows.append({"stage": stage, "model": model, "val_acc": evaluate(model, x[val_idx], y[val_idx])})
+    return rows
 
 
-def read_gpu_utilisation(device: torch.device) -> float | None:
-    """torch.cuda.utilization() (needs the nvidia-ml-py package), else nvidia-smi, else None."""
-    try:
-        return float(torch.cuda.utilization(device))
-    except (ModuleNotFoundError, RuntimeError):
-        pass
-    uuid = str(torch.cuda.get_device_properties(device).uuid)
-    uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid  # nvidia-smi -i wants the GPU- prefix
-    try:
-        out = subprocess.run(["nvidia-smi", "-i", uuid, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=5, check=True).stdout
-        return float(out.strip())
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
+@dataclass
+class Config:
+    max_samples: int | None = arg(None, "train on N images per run, not an epoch (epoch times extrapolated)", gt=0)
+    batch_size: int = arg(64, "the naive pipeline's batch size", gt=0)
+    lr: float = arg(1e-3, "the naive pipeline's AdamW learning rate (constant)", gt=0)
+    big_batch: int = arg(256, "the optimised pipeline's batch size", gt=0)
+    lr_grid: tuple[float, ...] = arg((4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2), "big-batch one-cycle peak LRs", gt=0)
+    val_size: int = arg(5000, "images held out for validation (the LR choice)", gt=0, lt=TRAIN_SPLIT)
+    phase_batches: int = arg(20, "batches timed per phase for data/step", gt=0)
+    device: str | None = arg(None, "cpu, cuda or mps (None: the best available)")
+    seed: int = arg(0, "seed of the initial weights and the shuffle")
+    prof_dir: Path = arg(runs_dir(__file__, "prof"), "profiler traces (big: keep them under the git-ignored runs/)")
+
+    def __post_init__(self):
+        validate(self)
+        if why := unwritable(self.prof_dir):
+            raise ValueError(f"--prof-dir {self.prof_dir}: {why}")
+        steps = (TRAIN_SPLIT - self.val_size) // max(self.batch_size, self.big_batch) - 1  # phases fit in one epoch
+        if self.phase_batches > steps:
+            raise ValueError(f"--phase-batches must be <= {steps} with batches of "
+                             f"{max(self.batch_size, self.big_batch)}")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# 4. Conclude: the report and the chart.
-
-def headline(study: dict) -> dict:
-    """The figures the report states, formatted once (the gates look for exactly these strings in the report)."""
-    naive, best = study["stages"][0], study["stages"][-1]
-    synced, unsynced = study["stages"][-2], study["stages"][-1]
-    trace = study["profiles"]["naive"]["ranges_ms"]
-    return {
-        "naive verdict": naive["verdict"],
-        "optimised verdict": best["verdict"],
-        "naive data/step": f"{naive['ratio']:.0%}",
-        "optimised data/step": f"{best['ratio']:.1%}",
-        "naive epoch": f"{naive['epoch_s']:.1f} s",
-        "optimised epoch": f"{best['epoch_s']:.1f} s",
-        "naive samples/s": f"{naive['samples_per_s']:,.0f}",
-        "optimised samples/s": f"{best['samples_per_s']:,.0f}",
-        "speed-up": f"{study['speedup']:.1f}×",
-        "data share of a profiled naive step": f"{trace['data'] / trace['step']:.0%}",
-        "host sync per step": f"{synced['item_us_per_step']:.1f} µs",
-        "host sync share": f"{100 * synced['item_share']:.2g}%",
-        "samples/s without per-step sync": f"{unsynced['samples_per_s'] / synced['samples_per_s']:.2f}×",
-    }
-
-
-def conclusion(study: dict) -> str:
-    """The verdict, why, what changed and by how much — in words built from the figures."""
-    s, h = study["stages"], headline(study)
-    naive = s[0]
-    gains = ", then ".join(f"{b['name'].lstrip('+ ')} ×{b['samples_per_s'] / a['samples_per_s']:.2f}"
-                           for a, b in zip(s, s[1:]))
-    where = "on the device" if study["device"] != "cpu" else "in memory"
-    sync_note = ("costs next to nothing on a CPU, where there is no queue of device work to wait for; on a GPU it "
-                 "stops the host from queueing the next kernels" if study["device"] == "cpu" else
-                 "makes the host wait until the device has drained its queue, every step")
-    synced, measured = s[-2], s[-1]["samples_per_s"] / s[-2]["samples_per_s"]
-    explained = 1 / (1 - synced["item_share"])  # the gain that removing the time spent inside .item() would give
-    if abs(measured / explained - 1) > 0.1:
-        sync_note += (f". The time inside `.item()` accounts for ×{explained:.2f} of the ×{measured:.2f} measured "
-                      "for that change: the rest is run-to-run variation")
-    return (
-        f"**Before: {h['naive verdict']}.** Fetching a batch of {naive['batch_size']} (decoding and transforming every "
-        f"image in the training process) took {naive['data_ms']:.1f} ms against {naive['step_ms']:.1f} ms for the "
-        f"training step: data/step = {h['naive data/step']}. In the profiler's trace the `data` range is "
-        f"{h['data share of a profiled naive step']} of a profiled step, and its top self-time ops are "
-        f"{', '.join(f'`{name}`' for name, _ in study['profiles']['naive']['hot_ops'])}.\n\n"
-        f"**What changed, one thing at a time:** {gains} (samples/s). Preparing the tensors once and keeping them "
-        f"{where} removes the per-sample work; a bigger batch amortises the per-step overhead; a per-step `.item()` "
-        f"(a host sync, {h['host sync per step']} per step here, {h['host sync share']} of the loop) {sync_note}.\n\n"
-        f"**After: {h['optimised verdict']}** (data/step = {h['optimised data/step']}). An epoch takes "
-        f"{h['optimised epoch']} instead of {h['naive epoch']} ({h['naive samples/s']} → {h['optimised samples/s']} "
-        f"samples/s): **{h['speed-up']} faster**, measured in the same run on the same samples."
-    )
-
-
-def write_report(study: dict, path: Path, chart: Path) -> None:
-    h = headline(study)
-    rows = ["| stage | batch | data/step | verdict | samples/s | epoch (s) | speed-up | `.item()` µs/step "
-            "| cores busy | compute share |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for s in study["stages"]:
-        rows.append(f"| {s['name']} | {s['batch_size']} | {s['ratio']:.1%} | {s['verdict']} | "
-                    f"{s['samples_per_s']:,.0f} | {s['epoch_s']:.1f} | "
-                    f"{s['samples_per_s'] / study['stages'][0]['samples_per_s']:.1f}× | "
-                    f"{s['item_us_per_step']:.1f} | {s['cores_busy']:.2f} | {s['compute_share']:.0%} |")
-    ranges = ["| pipeline | " + " | ".join(LABELS) + " | whole step |", "|---|" + "---:|" * (len(LABELS) + 1)]
-    for name, prof in study["profiles"].items():
-        ms = prof["ranges_ms"]
-        ranges.append(f"| {name} | " + " | ".join(f"{ms[k]:.2f}" for k in (*LABELS, "step")) + " |")
-    bands = ["| data/step | verdict | what to do |", "|---|---|---|"]
-    bands += [f"| [{lo:.0%}, {hi:.0%}) | {v} | {advice} |".replace("inf%", "∞")
-              for (hi, v, advice), lo in zip(BANDS, [0.0] + [b[0] for b in BANDS])]
-    workload = ("one epoch" if study["max_samples"] is None else
-                f"the first {study['max_samples']:,} samples of an epoch (--max-samples)")
-    util = study["gpu_utilisation"]
-    util_text = (f"GPU utilisation (NVML, mean while each pipeline ran): naive {util['naive']}%, optimised "
-                 f"{util['optimised']}%." if util else
-                 f"No CUDA GPU here ({study['device']}): instead of GPU utilisation the table shows *compute share* "
-                 "(step time / (data + step) time from the phase measurement: the fraction of the loop spent "
-                 "computing) and *cores busy* (process CPU time / wall time during the timed epoch).")
-    text = "\n".join([
-        "# Day 11 — profile, find the bottleneck, fix it", "",
-        f"Measured on `{study['device']}` (torch.get_num_threads() = {study['threads']}) with torch {torch.__version__}: each "
-        f"stage trains Day 4's MLP (AdamW) on {workload} after one untimed warm-up batch. Data/step compares the "
-        f"fastest of {study['phase_batches']} batches for each phase, timed separately (waiting for the device after "
-        "each). Epoch time = 60,000 / samples/s.", "",
-        "## Conclusion", "", conclusion(study), "",
-        "## Before → after, one change at a time", "", *rows, "", util_text, "",
-        f"![samples/s and time per 1,000 samples by stage]({chart.name})", "",
-        f"Host sync: `.item()` every step cost {h['host sync per step']} per step; removing it changed "
-        f"samples/s by {h['samples/s without per-step sync']}.", "",
-        "## Profiler: mean ms per labelled range (read back from the traces)", "", *ranges, "",
-        "Traces (Chrome-trace JSON): " + ", ".join(f"`{shown(p['trace'])}`" for p in study["profiles"].values())
-        + ". Open one in https://ui.perfetto.dev (drag the file in) or chrome://tracing.", "",
-        "## Verdict bands (curriculum §9; 5–20% and 60–100% filled in here)", "", *bands, "",
-    ])
-    path.write_text(text)
-
-
-def shown(path: Path) -> str:
-    """`path` relative to the repo root when it lies inside it, as the report and README show it."""
-    path, root = Path(path).resolve(), HERE.parent
-    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-
-
-def plot(study: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    stages = study["stages"]
-    names = [textwrap.fill(s["name"], 14) for s in stages]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    bars = ax1.bar(names, [s["samples_per_s"] for s in stages], color=["tab:red"] + ["tab:blue"] * (len(stages) - 1))
-    ax1.bar_label(bars, [f"×{s['samples_per_s'] / stages[0]['samples_per_s']:.1f}" for s in stages])
-    ax1.set(title=f"training throughput ({study['device']})", ylabel="samples / s")
-    data = [1e3 * s["data_ms"] / s["batch_size"] for s in stages]  # per 1,000 samples: batch sizes differ
-    step = [1e3 * s["step_ms"] / s["batch_size"] for s in stages]
-    ax2.bar(names, data, label="data (fetch a batch)", color="tab:orange")
-    bars = ax2.bar(names, step, bottom=data, label="step (forward + backward + optimizer)", color="tab:green")
-    ax2.bar_label(bars, [f"data/step {s['ratio']:.0%}" for s in stages])
-    ax2.set(title="time per 1,000 samples, by phase", ylabel="ms")
-    ax2.legend(loc="upper right")
-    ax2.margins(y=0.35)  # room for the legend above the bar labels
-    for ax in (ax1, ax2):
-        ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-
-def run_study(device: torch.device, max_samples: int | None = None, batch_size: int = 64, big_batch: int = 256,
-              phase_batches: int = 20, prof_dir: Path = PROF_DIR, seed: int = 0, util_seconds: float = 3.0,
-              log=print) -> dict:
-    """Measure, profile and time every stage on `device`; return all the figures."""
-    stages = make_stages(batch_size, big_batch)
-    naive, best = stages[0], stages[-1]
+def run_study(cfg: Config, log=print) -> dict:
+    """Tune, then measure, train, evaluate and profile every stage on one device; return all the figures."""
+    device = pick_device(cfg.device)
+    train_idx, val_idx = split(cfg.val_size)
+    x_test, y_test = (t.to(device) for t in prepared(train=False))
+    sweep = lr_sweep(cfg, train_idx, val_idx, device)
+    chosen = max(sweep[1:], key=lambda r: r["val_acc"])  # the best big-batch schedule on validation
+    for r in (sweep[0], chosen):  # chosen: now, and only now, the test set
+        r["test_acc"] = evaluate(r["model"], x_test, y_test)
+    log("validation accuracy: " + ", ".join(f"{r['stage'].name} {r['val_acc']:.2%}" for r in sweep))
+    stages = make_stages(cfg, chosen["stage"])
     results = []
-    for stage in stages:
-        row = {**asdict(stage), **time_phases(stage, device, phase_batches, seed),
-               **time_epoch(stage, device, max_samples, seed)}
-        log(f"{stage.name:24s} data {row['data_ms']:6.2f} ms  step {row['step_ms']:6.2f} ms  data/step "
-            f"{row['ratio']:6.1%} {'(' + row['verdict'] + ')':22s} {row['samples_per_s']:7,.0f} samples/s  "
-            f"epoch {row['epoch_s']:5.1f} s")
+    for stage, phases in zip(stages, time_phases(stages, train_idx, device, cfg.phase_batches, cfg.seed)):
+        row = {**asdict(stage), **phases, **train_epoch(stage, train_idx, device, cfg.max_samples, cfg.seed)}
+        model = row.pop("model")
+        row["test_acc"] = evaluate(model, x_test, y_test)  # once per stage, after its training
+        row["weights_sum"] = sum(p.double().sum().item() for p in model.parameters())  # identical training?
+        log(f"{stage.name:34s} data/step {row['ratio']:6.1%} {'(' + row['verdict'] + ')':22s} "
+            f"{row['samples_per_s']:7,.0f} samples/s  epoch {row['epoch_s']:5.1f} s  test {row['test_acc']:.2%}")
         results.append(row)
-    profiles = {}
-    for name, stage in (("naive", naive), ("optimised", best)):
-        profiles[name] = profile_steps(stage, device, Path(prof_dir) / name, seed)
-        log(f"profiled {name}: {profiles[name]['trace']}")
-    util = None
-    if device.type == "cuda":
-        util = {name: gpu_utilisation(lambda st=st: time_epoch(st, device, max_samples, seed), device, util_seconds)
-                for name, st in (("naive", naive), ("optimised", best))}
-        util = {k: None if v is None else round(v, 1) for k, v in util.items()}
-        log(f"GPU utilisation: {util}")
-    return {"device": str(device), "threads": torch.get_num_threads(), "max_samples": max_samples,
-            "phase_batches": phase_batches, "stages": results, "profiles": profiles, "gpu_utilisation": util,
-            "speedup": results[0]["epoch_s"] / results[-1]["epoch_s"]}
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    profiles = {name: profile_steps(stage, train_idx, device, Path(cfg.prof_dir) / name, cfg.seed)
+                for name, stage in (("naive", stages[0]), ("optimised", stages[-1]))}
+    util = None if device.type != "cuda" else {  # NVML's utilisation while each pipeline trains
+        name: gpu_utilisation(lambda st=st: train_epoch(st, train_idx, device, cfg.max_samples, cfg.seed), device)
+        for name, st in (("naive", stages[0]), ("optimised", stages[-1]))}
+    return {"device": str(device), "threads": torch.get_num_threads(), "max_samples": cfg.max_samples,
+            "train_samples": len(train_idx), "val_size": cfg.val_size, "phase_batches": cfg.phase_batches,
+            "sweep": [{**asdict(r["stage"]), "val_acc": r["val_acc"], "test_acc": r.get("test_acc"),
+                       "chosen": r is chosen} for r in sweep], "stages": results,
+            "profiles": profiles, "gpu_utilisation": util, "speedup": results[0]["epoch_s"] / results[-1]["epoch_s"]}
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-samples", type=positive_int, default=None,
-                        help="time only the first N samples of each epoch (default: the whole epoch)")
-    parser.add_argument("--batch-size", type=positive_int, default=64, help="the naive pipeline's batch")
-    parser.add_argument("--big-batch", type=positive_int, default=256, help="the optimised pipeline's batch")
-    parser.add_argument("--phase-batches", type=positive_int, default=20, help="batches timed per phase for data/step")
-    parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best available)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="report, chart, tables, summary.json")
-    parser.add_argument("--prof-dir", type=Path, default=PROF_DIR, help="profiler traces (big; git-ignored)")
-    args = parser.parse_args(argv)
-    steps_available = 60_000 // max(args.batch_size, args.big_batch) - 1  # phases are timed inside one epoch
-    if args.phase_batches > steps_available:
-        parser.error(f"--phase-batches must be <= {steps_available} with batches of "
-                     f"{max(args.batch_size, args.big_batch)}")
+    from day11_profile import report  # the report reads this module's figures
 
-    device = pick_device(args.device)
-    study = run_study(device, args.max_samples, args.batch_size, args.big_batch, args.phase_batches, args.prof_dir,
-                      args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, prof in study["profiles"].items():
-        (args.out / f"key_averages_{name}.txt").write_text(prof["table"])
-    plot(study, args.out / "before_after.png")
-    write_report(study, args.out / "report.md", args.out / "before_after.png")
-    summary = {**{k: v for k, v in study.items() if k != "profiles"}, "headline": headline(study),
-               "profiles": {n: {"trace": shown(p["trace"]), "ranges_ms": p["ranges_ms"], "hot_ops": p["hot_ops"]}
-                            for n, p in study["profiles"].items()}}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\n" + conclusion(study).replace("**", ""))
-    print(f"\nwrote {args.out / 'report.md'}, before_after.png, key_averages_*.txt, summary.json; traces in "
-          f"{args.prof_dir}")
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
+    t0 = time.perf_counter()
+    study = run_study(cfg)
+    study["wall_s"] = time.perf_counter() - t0
+    study = report.write(study, out)
+    print(f"\n{report.conclusion(study).replace('**', '')}\n\nwrote {out}/report.md, before_after.png, "
+          f"key_averages_*.txt, summary.json; traces in {cfg.prof_dir}")
     return study
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

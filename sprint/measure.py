@@ -1,10 +1,15 @@
-"""Measurements every day takes the same way: bytes saved for backward, step time, parameter counts.
+"""Measurements every day takes the same way: bytes saved for backward, true peak memory, step time, parameter
+counts, and the machine a timing belongs to.
 
 Timing convention: the median of `repeat` calls after `warmup` untimed ones, with CUDA synchronised around each
 call. Timings are machine-specific, so figures that gates compare are ratios measured in the same run.
 """
+import os
+import platform
 import statistics
 import time
+import weakref
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -68,3 +73,85 @@ def median_seconds(fn, repeat: int = 10, warmup: int = 1) -> float:
 def count_params(model: nn.Module, trainable_only: bool = True) -> int:
     """Number of parameters (shared ones once), only those with requires_grad unless `trainable_only=False`."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+class PeakBytes:
+    """The true peak of tensor memory while the context is open: a live-allocation counter (CPU and GPU alike).
+
+    A TorchDispatchMode sees every op; each storage an op creates counts from its creation until it is freed (a
+    weakref finalizer on the storage), so temporaries, checkpointing's recomputation and the gradients all count,
+    and `peak` is the most that was alive at once. Storages that existed before (weights, the batch) and outputs
+    that alias an input (views, in-place ops) are not new memory and are left out. What it cannot see: scratch
+    space a kernel allocates and frees inside itself, and the allocator's rounding and caching (CUDA's
+    `max_memory_allocated` includes those)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                counter._track(out, args, kwargs)
+                return out
+
+        self._mode = _Mode()
+        self.live = 0  # bytes allocated inside the context and not yet freed
+        self.peak = 0
+        self._alive: set[int] = set()  # data_ptr of every storage counted and still alive
+
+    def _track(self, out, args, kwargs) -> None:
+        from torch.utils._pytree import tree_leaves
+
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes == 0 or key in inputs or key in self._alive:
+                continue
+            self._alive.add(key)
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, key, nbytes)
+
+    def _free(self, key: int, nbytes: int) -> None:
+        if key in self._alive:
+            self._alive.discard(key)
+            self.live -= nbytes
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+
+def peak_bytes(fn) -> int:
+    """The most tensor memory alive at once while `fn()` runs, above what existed before (see PeakBytes)."""
+    with PeakBytes() as counter:
+        fn()
+    return counter.peak
+
+
+def machine() -> str:
+    """The hardware a timing belongs to: the GPU's name, or the CPU's model, vector ISA and thread count."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    name = platform.processor() or platform.machine()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name} ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"
+
+
+def quiet_profiler() -> None:
+    """Without CUDA, keep torch.profiler's Kineto from printing GPU probes ("gpuGetDeviceCount failed") and
+    start/stop marks to stderr; call before the first profile. With CUDA its messages stay: they can matter."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above Kineto's highest level: nothing printed

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 
 from sprint import REPO_ROOT, runs_dir
-from sprint.cli import UserError, arg, parse, run, unwritable, validate
-from sprint.measure import count_params, median_seconds, saved_bytes
+from sprint.cli import UserError, arg, parse, run, unwritable, usage_error, validate
+from sprint.measure import PeakBytes, count_params, machine, median_seconds, peak_bytes, saved_bytes
 
 
 @dataclass
@@ -123,3 +123,30 @@ def test_python_m_runs_a_usage_error_without_a_traceback(tmp_path):
         "run(lambda argv: parse(C, argv, 'doc'))\n")
     done = subprocess.run([sys.executable, str(script), "--n", "-1"], capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr and "--n must be > 0" in done.stderr
+
+
+def test_peak_bytes_counts_temporaries_until_freed_and_skips_views_and_existing_tensors():
+    x = torch.randn(1000)  # 4,000 bytes that existed before: not counted
+
+    def step():
+        a = x * 2  # +4,000
+        b = a.view(10, 100).t()  # a view of a: no new memory
+        c = torch.exp(b)  # +4,000: the peak, 8,000
+        del a, b
+        x.add_(1)  # in place on an existing tensor: nothing new
+        return c.sum()  # +4 (a 0-d result); c (4,000) is freed when step returns
+
+    with PeakBytes() as counter:
+        result = step()
+    assert counter.peak == 8_000 and counter.live == 4 and result.numel() == 1
+    assert peak_bytes(lambda: torch.ones(256) + 1) == 2 * 256 * 4
+
+
+def test_machine_names_the_hardware_and_threads():
+    assert "threads" in machine() or torch.cuda.is_available()
+
+
+def test_usage_error_reports_the_exit_code_and_the_error_line():
+    code, errors = usage_error(lambda argv: parse(Example, argv, "doc"), ["--epochs", "0"])
+    assert code == 2 and len(errors) == 1 and errors[0].endswith("error: --epochs must be > 0, got 0")
+    assert usage_error(lambda argv: None, []) == (None, [])

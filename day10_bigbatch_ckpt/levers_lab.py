@@ -1,0 +1,197 @@
+"""Day 10 lab — memory levers 4 to 6: freezing, LoRA written from scratch, optimizer offload and 8-bit states.
+
+On Day 10's tiny GPT, each trained for a few AdamW steps on one batch:
+  1. freezing: `requires_grad_(False)` on the embeddings and every block but the last. Frozen parameters get no
+     gradient, so AdamW creates no state for them: the optimizer-state bytes (read from `optimizer.state`) shrink
+     with the trainable parameters;
+  2. LoRA: every attention projection (qkv, proj) becomes `LoRALinear`, a frozen base plus B @ A of rank r. Trainable
+     parameters, gradient bytes and optimizer-state bytes against full fine-tuning; the trained adapter merged into
+     the weights gives the same output with no extra parameters;
+  3. offload and 8-bit optimizers: no maintained library for either is in this repo's lock file, so they are priced
+     with the calculator (`memcalc.py levers`), each with what it costs.
+
+Run:   python day10_bigbatch_ckpt/levers_lab.py                                  (writes under runs/)
+       python day10_bigbatch_ckpt/levers_lab.py --out day10_bigbatch_ckpt/results (refreshes the committed figures)
+"""
+import copy
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
+
+import torch
+import torch.nn as nn
+
+from day10_bigbatch_ckpt import memcalc
+from day10_bigbatch_ckpt.main import GPTConfig, TinyGPT, allclose_ratio, make_batch
+from sprint import runs_dir
+from sprint.cli import arg, parse, run, validate
+from sprint.measure import count_params
+
+
+class LoRALinear(nn.Module):
+    """y = base(x) + scale * x A^T B^T. The base stays frozen; only A (r x in) and B (out x r) train, r*(in+out)
+    parameters instead of in*out. B starts at zero, so training starts exactly from the base model."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float = 16.0):
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.scale = alpha / rank  # keeps the update's size steady when the rank changes
+        self.A = nn.Parameter(torch.empty(rank, base.in_features))
+        self.B = nn.Parameter(torch.zeros(base.out_features, rank))
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as nn.Linear initialises its own weight
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.A.T @ self.B.T) * self.scale
+
+    def merged(self) -> nn.Linear:
+        """One nn.Linear with W + scale * B @ A: the adapter folded in, nothing extra to compute at inference."""
+        out = copy.deepcopy(self.base)
+        with torch.no_grad():
+            out.weight += self.scale * self.B @ self.A
+        return out
+
+
+def add_lora(model: TinyGPT, rank: int) -> TinyGPT:
+    """Freeze the whole model, then give every attention projection a trainable low-rank adapter."""
+    model.requires_grad_(False)
+    for block in model.blocks:
+        block.attn.qkv = LoRALinear(block.attn.qkv, rank)
+        block.attn.proj = LoRALinear(block.attn.proj, rank)
+    return model
+
+
+def merge_lora(model: TinyGPT) -> TinyGPT:
+    """The same model with every LoRALinear replaced by its merged nn.Linear."""
+    model = copy.deepcopy(model)
+    for block in model.blocks:
+        block.attn.qkv, block.attn.proj = block.attn.qkv.merged(), block.attn.proj.merged()
+    return model
+
+
+def freeze_all_but_last_block(model: TinyGPT) -> TinyGPT:
+    model.requires_grad_(False)  # the tied embedding / output layer and every block...
+    model.blocks[-1].requires_grad_(True)  # ...but the last, and the final LayerNorm
+    model.ln_f.requires_grad_(True)
+    return model
+
+
+def logits(model: TinyGPT, idx, targets) -> torch.Tensor:
+    """The output layer's logits (read with a forward hook: TinyGPT's forward returns the loss)."""
+    seen = []
+    hook = model.head.register_forward_hook(lambda module, args, out: seen.append(out))
+    with torch.no_grad():
+        model(idx, targets)
+    hook.remove()
+    return seen[0]
+
+
+def train_and_count(model: TinyGPT, steps: int, batch: int, lr: float) -> dict:
+    """A few AdamW steps on one batch (every parameter handed to the optimizer); then what each part holds."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    idx, targets = make_batch(model.cfg, batch)
+    losses = []
+    for _ in range(steps):
+        loss = model(idx, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    return {"params": count_params(model, trainable_only=False), "trainable": count_params(model),
+            "grad_bytes": sum(p.grad.nbytes for p in model.parameters() if p.grad is not None),
+            "state_bytes": sum(t.nbytes for t in state),
+            "frozen_with_grad": sum(p.grad is not None for p in frozen),
+            "frozen_with_state": sum(p in optimizer.state for p in frozen),
+            "first_loss": losses[0], "last_loss": losses[-1]}
+
+
+@dataclass
+class Config:
+    rank: int = arg(4, "LoRA rank r", gt=0)
+    steps: int = arg(20, "AdamW steps per variant", gt=0)
+    batch: int = arg(8, "batch size", gt=0)
+    lr: float = arg(3e-3, "AdamW learning rate", gt=0)
+    seed: int = arg(0, "seed of the initial weights")
+
+    def __post_init__(self):
+        validate(self)
+
+
+def run_lab(cfg: Config) -> dict:
+    def fresh() -> TinyGPT:
+        torch.manual_seed(cfg.seed)  # every variant starts from the same weights
+        return TinyGPT(GPTConfig())
+
+    result = {"config": vars(cfg).copy(), "full": train_and_count(fresh(), cfg.steps, cfg.batch, cfg.lr),
+              "frozen": train_and_count(freeze_all_but_last_block(fresh()), cfg.steps, cfg.batch, cfg.lr)}
+    base = fresh().eval()
+    lora = add_lora(copy.deepcopy(base), cfg.rank).eval()
+    idx, targets = make_batch(base.cfg, cfg.batch, seed=1)
+    result["lora_start_diff"] = (logits(lora, idx, targets) - logits(base, idx, targets)).abs().max().item()
+    result["lora"] = train_and_count(lora.train(), cfg.steps, cfg.batch, cfg.lr)
+    result["lora_formula"] = sum(cfg.rank * (m.in_features + m.out_features)
+                                 for b in base.blocks for m in (b.attn.qkv, b.attn.proj))
+    merged = merge_lora(lora).eval()
+    lora.eval()
+    got, want = logits(merged, idx, targets), logits(lora, idx, targets)
+    result["merged_max_diff"] = (got - want).abs().max().item()
+    result["merged_allclose_ratio"] = allclose_ratio([got], [want], rtol=1e-5, atol=1e-5)  # <= 1: allclose
+    result["merged_params"] = count_params(merged, trainable_only=False)
+    result["base_params"] = count_params(base, trainable_only=False)
+    # Levers 5 and 6 where they matter: the curriculum's 1.5B full fine-tune and its 0.12B at the 12 GB limit.
+    result["calculator"] = {name: memcalc.calculate(["levers", *cli.split()])[2]["levers"]
+                            for name, cli in CALCULATOR.items()}
+    return result
+
+
+CALCULATOR = {"full fine-tune 1.5B (h2048/L24/V150k), b=2":
+              "--hidden 2048 --layers 24 --heads 16 --vocab 150000 --seq 512 --batch 2",
+              "full fine-tune 0.12B (h768/L12/V50k), b=16":
+              "--hidden 768 --layers 12 --heads 12 --vocab 50000 --seq 512 --batch 16"}
+
+
+def report(r: dict) -> str:
+    full = r["full"]
+    lines = ["| variant | parameters | trainable | gradient bytes | optimizer-state bytes | frozen with a gradient | "
+             "frozen with optimizer state | loss: first -> last step |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name in ("full", "frozen", "lora"):
+        v = r[name]
+        lines.append(f"| {LABELS[name].format(**r['config'])} | {v['params']:,} | {v['trainable']:,} "
+                     f"({v['trainable'] / full['trainable']:.1%}) | {v['grad_bytes']:,} | {v['state_bytes']:,} "
+                     f"({v['state_bytes'] / full['state_bytes']:.1%}) | {v['frozen_with_grad']} | "
+                     f"{v['frozen_with_state']} | {v['first_loss']:.3f} -> {v['last_loss']:.3f} |")
+    lines += ["", f"- LoRA trainable parameters = r*(in+out) summed over the adapted layers: {r['lora_formula']:,} "
+              f"(counted: {r['lora']['trainable']:,}).",
+              f"- before training, the LoRA model's logits differ from the base model's by at most "
+              f"{r['lora_start_diff']:.3g} (B starts at zero).",
+              f"- merged weights vs the trained adapter: max |logit difference| {r['merged_max_diff']:.3g} "
+              f"(allclose at rtol = atol = 1e-5: ratio {r['merged_allclose_ratio']:.3g} <= 1); the merged "
+              f"model has {r['merged_params']:,} parameters, the base model {r['base_params']:,}."]
+    for name, rows in r["calculator"].items():
+        lines += ["", f"Calculator, {name} (`memcalc.py levers {CALCULATOR[name]}`):", "",
+                  memcalc.levers_markdown(rows)]
+    return "\n".join(lines)
+
+
+LABELS = {"full": "full fine-tuning", "frozen": "frozen embeddings + blocks 1-3 (last block and ln_f train)",
+          "lora": "LoRA r={rank} on attention qkv + proj, base frozen"}
+
+
+def main(argv=None) -> dict:
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__, "levers"))
+    result = run_lab(cfg)
+    text = report(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "levers.md").write_text(text + "\n")
+    (out / "levers.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(text + f"\n\nwrote {out}/levers.md, levers.json")
+    return result
+
+
+if __name__ == "__main__":
+    run(main)
