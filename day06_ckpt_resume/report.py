@@ -1,24 +1,13 @@
 """Day 6 report writers: the overlay plot of the killed-and-resumed processes, the optimizer-state table, and the
 machine the figures were measured on."""
 import json
-import os
-import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from day06_ckpt_resume.checkpoint import read_metrics
 from sprint import plots
-
-
-def machine() -> str:
-    """CPU model and core count (Linux names the model in /proc/cpuinfo), for the summary next to the timings."""
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        model = platform.processor() or platform.machine()
-    return f"{model}, {os.cpu_count()} cores"
+from sprint.measure import machine
 
 
 def write_results(out: Path, stem: str, result, table, plot, started: float) -> None:

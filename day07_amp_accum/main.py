@@ -38,7 +38,7 @@ from day06_ckpt_resume.main import Config, Trainer
 from day07_amp_accum.report import plot_table, write_table
 from sprint import runs_dir
 from sprint.cli import arg, from_args, parser_for, run, unwritable
-from sprint.measure import median_seconds, saved_bytes
+from sprint.measure import cpu_info, median_seconds, saved_bytes
 
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 PRECISION = {"off": "fp32", "fp16": "fp16 autocast", "bf16": "bf16 autocast"}
@@ -132,9 +132,8 @@ def low_precision_hardware(device: torch.device) -> str:
     """What the device offers for bf16/fp16 matmuls: the GPU's name, or the CPU's native instructions (Linux)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
+    _, flags = cpu_info()
+    if not flags:
         return f"CPU ({torch.backends.cpu.get_cpu_capability()}; flags unknown)"
     native = [f for f in ("amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16") if f in flags]
     capped = os.environ.get("ONEDNN_MAX_CPU_ISA")  # oneDNN (the bf16/fp16 matmuls) told to ignore newer ISAs

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 
 import torch
 
-from errors import catalog
+from errors import catalog  # noqa: F401 (child processes look entries up as g.catalog.<name>)
 from errors.catalog import ANALOGUE, CPU_FORM, CUDA, ENTRIES, ON_CPU, SAME, Entry
 from sprint import REPO_ROOT
 from sprint.cli import UserError, arg, parse, run, validate

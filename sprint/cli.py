@@ -149,17 +149,3 @@ def progress(iterable=None, **kwargs):
     quiet = True if "PYTEST_CURRENT_TEST" in os.environ else None  # None: tqdm hides itself off a terminal
     return tqdm(iterable, disable=quiet, dynamic_ncols=True, leave=False, **kwargs)
 
-
-def usage_error(main, argv) -> tuple[int | None, list[str]]:
-    """Run `main(argv)` expecting a rejected command line: (its exit code, the stderr lines that say "error:")."""
-    import contextlib
-    import io
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            main(argv)
-            code = None  # it ran: nothing was rejected
-        except SystemExit as exc:
-            code = exc.code
-    return code, [line for line in err.getvalue().splitlines() if "error:" in line]

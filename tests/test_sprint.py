@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from sprint import REPO_ROOT, runs_dir
-from sprint.cli import UserError, arg, parse, run, unwritable, usage_error, validate
+from sprint.cli import UserError, arg, parse, run, unwritable, validate
 from sprint.measure import PeakBytes, count_params, machine, median_seconds, peak_bytes, saved_bytes
 
 
@@ -145,8 +145,3 @@ def test_peak_bytes_counts_temporaries_until_freed_and_skips_views_and_existing_
 def test_machine_names_the_hardware_and_threads():
     assert "threads" in machine() or torch.cuda.is_available()
 
-
-def test_usage_error_reports_the_exit_code_and_the_error_line():
-    code, errors = usage_error(lambda argv: parse(Example, argv, "doc"), ["--epochs", "0"])
-    assert code == 2 and len(errors) == 1 and errors[0].endswith("error: --epochs must be > 0, got 0")
-    assert usage_error(lambda argv: None, []) == (None, [])
