@@ -3,6 +3,7 @@
 Set in the environment, e.g. `TEMPLATE_FAULTS="nan_step=7,nan_module=blocks.0" python train.py ...`:
 
     nan_step=N, nan_module=NAME   the output of module NAME (default: the first one) turns NaN at optimizer step N
+    inf_grad_step=N               one gradient turns inf at optimizer step N (an fp16 overflow: the scaler skips)
     kill_between_links=N          SIGKILL this process between linking best.pt and last.pt, at the Nth save
     step_sleep=S                  sleep S seconds after each optimizer step (gives a signal time to land mid-run)
     audit_writes=DIR              at exit, write DIR/audit-rank<R>.json: every file this process created, renamed,
@@ -23,6 +24,7 @@ import torch
 class Faults:
     nan_step: int = 0
     nan_module: str = ""
+    inf_grad_step: int = 0
     kill_between_links: int = 0
     step_sleep: float = 0.0
     audit_writes: str = ""
@@ -34,12 +36,15 @@ class Faults:
         return cls(**{k: type(getattr(cls, k))(v) for k, v in values.items()})
 
     def install(self, model: torch.nn.Module, step_now) -> None:
-        """Hooks on the model (NaN at a step) and on the process (write audit); `step_now()` is the current step."""
+        """Hooks on the model (NaN output, inf gradient) and the process (write audit); `step_now()`: the step done."""
         if self.nan_step:
             name = self.nan_module or next(n for n, _ in model.named_modules() if n)
             module = dict(model.named_modules())[name]
             module.register_forward_hook(
                 lambda m, a, out: out * float("nan") if m.training and step_now() + 1 == self.nan_step else None)
+        if self.inf_grad_step:
+            first = next(model.parameters())
+            first.register_hook(lambda g: g * float("inf") if step_now() + 1 == self.inf_grad_step else g)
         if self.audit_writes:
             audit_writes(self.audit_writes)
 

@@ -64,7 +64,8 @@ class RunLog:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.toml").write_text(config_mod.dump_toml(cfg))
-        launches = json.loads((self.run_dir / "run.json").read_text())["launches"] if start_step else []
+        previous = self.run_dir / "run.json"  # a resume into a new folder has none
+        launches = json.loads(previous.read_text())["launches"] if start_step and previous.exists() else []
         (self.run_dir / "run.json").write_text(json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
         # Records past the checkpoint came from work that is now redone: drop them (atomically).
         kept = [r for r in read_metrics(self.run_dir) if r["step"] <= start_step and r["kind"] != "test"]
