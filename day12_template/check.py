@@ -189,6 +189,15 @@ def test_a_bad_value_on_the_real_command_line_exits_2_before_any_work(tmp_path):
     assert "train.grad_accum" in text and not out.exists(), text
 
 
+def test_missing_data_is_one_clear_line_exit_1_and_no_run_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = train.main(["--set", f"run.out_dir={out}", "data.dataset=imagefolder", f"data.root={tmp_path / 'none'}"])
+    err = capsys.readouterr().err
+    gates.check("exit code when the data is missing", code, "==", 1)
+    gates.check("missing data: one line naming the folder, no run folder",
+                len(err.strip().splitlines()) == 1 and str(tmp_path / "none") in err and not out.exists(), "==", True)
+
+
 def test_resume_with_a_changed_config_is_refused_listing_the_fields(tmp_path, capsys):
     out = tmp_path / "run"
     train.run(cfg_of({**TINY, "train.max_steps": 4}, out))
@@ -740,8 +749,7 @@ def test_fsdp_trains_like_ddp_and_its_checkpoint_is_plain(dist_runs):
 
 
 # --- CUDA only -------------------------------------------------------------------------------------------------------
-CUDA_MNIST = {"data.subset": 16384, "train.epochs": 1, "train.log_every": 16, "train.progress": "off",
-              "run.device": "cuda"}
+CUDA_MNIST = {"train.epochs": 1, "train.log_every": 16, "train.progress": "off", "run.device": "cuda"}
 
 
 @pytest.mark.gpu
@@ -752,7 +760,8 @@ def test_cuda_autocast_trains_the_shipped_config(dtype, tmp_path):
                                                                    "run.out_dir": str(tmp_path / dtype)}))
     result = train.run(cfg)
     rec = train_records(tmp_path / dtype)
-    gates.check(f"CUDA {dtype} autocast: test accuracy after one epoch on 16k images", result["test_acc"], ">", 0.95)
+    gates.check(f"CUDA {dtype} autocast: test accuracy after one epoch (CPU, same config: 96.6%)", result["test_acc"],
+                ">", 0.95)
     if dtype == "float16":
         gates.check("CUDA float16: GradScaler scale at the end (>= 1: not collapsed)", rec[max(rec)]["scale"], ">=",
                     1.0)
@@ -760,8 +769,11 @@ def test_cuda_autocast_trains_the_shipped_config(dtype, tmp_path):
 
 @pytest.mark.gpu
 def test_cuda_peak_memory_within_15_percent_of_the_estimate(tmp_path):
+    import gc
+
+    gc.collect()
     torch.cuda.empty_cache()
-    workspace = memory.cuda_library_bytes()
+    workspace = memory.cuda_library_bytes()  # cuBLAS/cuBLASLt workspaces (and anything earlier tests left)
     cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), sets({**CUDA_MNIST, "train.max_steps": 50,
                                                                    "run.out_dir": str(tmp_path / "run")}))
     torch.cuda.reset_peak_memory_stats()
@@ -777,13 +789,13 @@ def test_torch_compile_on_cuda_matches_eager_and_saves_plain_keys(tmp_path):
     losses = {}
     for compiled in (False, True):
         out = tmp_path / f"compile-{compiled}"
-        train.run(config.load(str(HERE / "configs/mnist_mlp.toml"), sets({**CUDA_MNIST, "train.max_steps": 20,
-                                                                           "model.compile": compiled,
-                                                                           "run.out_dir": str(out)})))
+        train.run(config.load(str(HERE / "configs/mnist_mlp.toml"), sets({  # no dropout: the same math both ways
+            **CUDA_MNIST, "train.max_steps": 20, "model.dropout": 0.0, "model.compile": compiled,
+            "run.out_dir": str(out)})))
         losses[compiled] = train_records(out)[16]["loss"]
         keys = checkpoint.load(out / "last.pt")["model"]
     gates.check("torch.compile vs eager on CUDA: relative loss difference at step 16",
-                abs(losses[True] - losses[False]) / losses[False], "<=", 1e-2)
+                abs(losses[True] - losses[False]) / losses[False], "<=", 1e-3)
     gates.check("compiled checkpoint keys with an _orig_mod. prefix", [k for k in keys if "_orig_mod" in k], "==", [])
 
 

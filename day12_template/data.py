@@ -14,6 +14,7 @@ import functools
 import gzip
 import hashlib
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +112,7 @@ def find_idx(name: str, root: str) -> Path:
         if all((folder / f).exists() or (folder / f"{f}.gz").exists() for f in IDX_FILES):
             return folder
     target = Path(root or "data")
+    created = not target.exists()
     try:
         import torchvision.datasets as tvd
 
@@ -118,9 +120,12 @@ def find_idx(name: str, root: str) -> Path:
         getattr(tvd, TORCHVISION[name])(str(target), train=False, download=True)
         return target / TORCHVISION[name] / "raw"
     except Exception as exc:  # no network, HTTP 403, no torchvision: one message that says what to do
+        if created:
+            shutil.rmtree(target, ignore_errors=True)  # leave no empty folders behind
         looked = ", ".join(str(p) for p in places)
+        reason = " ".join(str(exc).split())[:160]  # one line, whatever the downloader printed
         raise DataError(f"{name} not found (looked in {looked}) and the download into {target} failed "
-                        f"({type(exc).__name__}: {str(exc)[:120]}). Put the four *-ubyte[.gz] files in a folder and "
+                        f"({type(exc).__name__}: {reason}). Put the four *-ubyte[.gz] files in a folder and "
                         f"set data.root to it" + (", or `apt-get install dataset-fashion-mnist`"
                                                   if name == "fashion_mnist" else "")) from None
 

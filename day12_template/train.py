@@ -176,7 +176,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
             raise checkpoint.CheckpointError(error)
 
     # 4. The loop: micro-batches -> one optimizer step -> log / checkpoint / stop; an evaluation per epoch.
-    t0, step0 = time.perf_counter(), st["step"]
+    t0, c0, step0 = time.perf_counter(), time.process_time(), st["step"]
     rate = lambda: (st["step"] - step0) * tc.batch_size / max(1e-9, time.perf_counter() - t0)  # noqa: E731
     stopped_by = "max_steps" if tc.max_steps and st["step"] >= tc.max_steps else None
     while sampler.epoch < tc.epochs and stopped_by is None:
@@ -219,7 +219,8 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
             if st["step"] % tc.log_every == 0:
                 log.record("train", st["step"], epoch=epoch, loss=st["window"][0] / st["window"][1],
                            lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, scale=scaler.get_scale(),
-                           grad_syncs=d.grad_syncs, samples_per_s=rate(), elapsed_s=time.perf_counter() - t0)
+                           grad_syncs=d.grad_syncs, samples_per_s=rate(), elapsed_s=time.perf_counter() - t0,
+                           cpu_s=time.process_time() - c0)  # cpu_s well below elapsed_s: waiting (data, ranks)
                 log.postfix(loss=f"{st['window'][0] / st['window'][1]:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
                 st["window"] = [0.0, 0]
             if signals:  # every rank sees the same sum: all stop after this same step
