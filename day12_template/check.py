@@ -92,9 +92,10 @@ def child_env(**extra) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONUNBUFFERED": "1", **extra}
 
 
-def launch(cmd, cwd=None, env=None, kill_when=None, sig=signal.SIGKILL, timeout=240):
-    """Run `cmd`; with `kill_when` (a function returning True once the run got far enough), send `sig` to its
-    process group (DataLoader workers included) as soon as it holds. Returns (returncode, output)."""
+def launch(cmd, cwd=None, env=None, kill_when=None, sig=signal.SIGKILL, group=True, timeout=240):
+    """Run `cmd`; with `kill_when` (a function returning True once the run got far enough), send `sig` as soon as it
+    holds: to the whole process group (DataLoader workers included, like a terminal's Ctrl-C or the OOM killer's
+    victims) or, with group=False, to the launched process alone. Returns (returncode, output)."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env or child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     out = []
@@ -103,7 +104,7 @@ def launch(cmd, cwd=None, env=None, kill_when=None, sig=signal.SIGKILL, timeout=
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         if kill_when is not None and kill_when():
-            os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
             kill_when = None
         time.sleep(0.005)
     if proc.poll() is None:
@@ -325,8 +326,9 @@ VARIANTS = {"fp32": {}, "grad_accum=4 + bf16": {"train.grad_accum": 4, "train.am
 
 
 def mid_epoch_kill_step(rng: random.Random) -> int:
-    """A random step after the first checkpoint whose latest checkpoint is mid-epoch (epochs have 16 steps)."""
-    return rng.choice([s for s in range(4, STEPS - 2) if s % 16 not in (0, 15)])
+    """A random step after the first checkpoint (step 3) and at least 4 steps before an epoch's end (epochs have 16
+    steps), so the checkpoint resumed from is a mid-epoch one even if the kill lands a few steps late."""
+    return rng.choice([s for s in range(4, STEPS) if 4 <= s % 16 <= 11])
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +341,7 @@ def sigkilled(tmp_path_factory):
         values, kill = {**TINY, **extra}, mid_epoch_kill_step(rng)
         run_dir = tmp / name.replace(" ", "_")
         cmd = [sys.executable, str(HERE / "train.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})]
-        env = child_env(TEMPLATE_FAULTS="step_sleep=0.03")
+        env = child_env(TEMPLATE_FAULTS="step_sleep=0.05")
         jobs[name] = (values, kill, run_dir, threading.Thread(target=lambda c=cmd, e=env, r=run_dir, k=kill, n=name:
                                                                results.__setitem__(n, launch(c, env=e,
                                                                                              kill_when=reached(r, k)))))
@@ -634,7 +636,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 def torchrun(plan: list, tmp: Path, name: str, kill_when=None):
     (tmp / f"{name}.json").write_text(json.dumps(plan))
     return launch([*TORCHRUN, str(Path(__file__).resolve()), "--dist-driver", str(tmp / f"{name}.json")],
-                  env=child_env(OMP_NUM_THREADS="1"), kill_when=kill_when, sig=signal.SIGTERM)
+                  env=child_env(OMP_NUM_THREADS="1"), kill_when=kill_when, sig=signal.SIGTERM, group=False)
 
 
 @pytest.fixture(scope="module")

@@ -83,6 +83,8 @@ class RunLog:
     def record(self, kind: str, step: int, **values) -> None:
         if not self.active:
             return
+        if self.bar is not None and "loss" in values:
+            self.bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
         self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
         self.metrics.flush()  # one write per line: a kill leaves at most one torn line, which readers skip
         if self.tb:
@@ -110,10 +112,6 @@ class RunLog:
     def advance(self) -> None:
         if self.bar is not None:
             self.bar.update()
-
-    def postfix(self, **values) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(values, refresh=False)
 
     def say(self, text: str) -> None:
         """A line on stdout (rank 0), above the bar."""

@@ -16,16 +16,18 @@ class Stopped(Exception):
 
 
 class StopSignal:
-    """Installs the flag-raising handlers; after the first signal the previous handler is back, so a second Ctrl-C
-    stops at once (KeyboardInterrupt) and a second SIGTERM kills."""
+    """Installs the flag-raising handlers. In a single process the previous handler is back after the first signal,
+    so a second Ctrl-C stops at once (KeyboardInterrupt). Under torchrun a rank ignores repeats: Ctrl-C reaches it
+    from the terminal *and* from torchrun, which forwards signals (and SIGKILLs after its grace period)."""
 
-    def __init__(self):
-        self.signum = 0
+    def __init__(self, repeat_stops: bool = True):
+        self.signum, self.repeat_stops = 0, repeat_stops
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def handle(self, signum, frame):
-        self.signum = signum
-        signal.signal(signum, self.previous[signum])
+        self.signum = self.signum or signum
+        if self.repeat_stops:
+            signal.signal(signum, self.previous[signum])
 
     def name(self) -> str:
         """The signal that arrived here (another rank's, reported as SIGTERM, if none did)."""

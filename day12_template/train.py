@@ -90,7 +90,7 @@ def run(cfg: config.Config, faults: Faults | None = None) -> dict:
         d = distributed.setup(cfg.run.device)
     except ValueError as exc:
         raise config.ConfigError(str(exc)) from None
-    stop = StopSignal()
+    stop = StopSignal(repeat_stops=not d.enabled)
     try:
         return fit(cfg, d, faults or Faults(), stop)
     finally:
@@ -221,7 +221,6 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
                            lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, scale=scaler.get_scale(),
                            grad_syncs=d.grad_syncs, samples_per_s=rate(), elapsed_s=time.perf_counter() - t0,
                            cpu_s=time.process_time() - c0)  # cpu_s well below elapsed_s: waiting (data, ranks)
-                log.postfix(loss=f"{st['window'][0] / st['window'][1]:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
                 st["window"] = [0.0, 0]
             if signals:  # every rank sees the same sum: all stop after this same step
                 save()
