@@ -40,7 +40,7 @@ from faults import Faults  # noqa: E402
 from sprint.gates import Gates, run_this_file  # noqa: E402
 
 gates = Gates(__file__)
-for _m in (checkpoint, config, data, demo, memory, models, runlog, train):  # a same-named module elsewhere would mislead
+for _m in (checkpoint, config, data, demo, memory, models, runlog, train):  # a same-named module elsewhere misleads
     assert Path(_m.__file__).parent == HERE, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
 
 # A tiny run: generated data, a small MLP with dropout, 16 steps per epoch, 2 epochs, a checkpoint every 3 steps.
@@ -492,7 +492,8 @@ def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(t
         err = capsys.readouterr().err
         caught += code == 1 and word in err and str(bad) in err
     gates.check("bad checkpoint files refused with a message naming the file", caught, "==", 3)
-    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir), "checkpoint.resume": "auto", "model.name": "resnet"})])
+    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir), "checkpoint.resume": "auto",
+                                       "model.name": "resnet"})])
     err = capsys.readouterr().err
     gates.check("resume into another model: exit 2 naming model.name", code == 2 and "model.name" in err, "==", True)
     code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "ft"), "model.hidden": 48,
@@ -654,7 +655,8 @@ def dist_runs(tmp_path_factory):
               "faults": f"audit_writes={audit}"},
              {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["A"])})},
              {"set": sets({**DIST, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["F"])})},
-             {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["S"])}), "faults": "step_sleep=0.1"}]
+             {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["S"])}),
+              "faults": "step_sleep=0.05"}]
     stop_at = rng.randrange(5, 2 * 16 - 4)
     result = {}
     launcher = threading.Thread(target=lambda: result.__setitem__(
@@ -666,7 +668,8 @@ def dist_runs(tmp_path_factory):
     for k in ("S", "F"):
         shutil.copytree(dirs[k], dirs[f"{k}1"])
     shutil.copy(dirs["F"] / "last.pt", tmp / "fsdp-step12.pt")
-    plan2 = [{"set": sets({**DIST, "train.strategy": "ddp", "checkpoint.resume": "auto", "run.out_dir": str(dirs["S"])})},
+    plan2 = [{"set": sets({**DIST, "train.strategy": "ddp", "checkpoint.resume": "auto",
+                           "run.out_dir": str(dirs["S"])})},
              {"set": sets({**DIST, "train.strategy": "fsdp", "checkpoint.resume": "auto",
                            "run.out_dir": str(dirs["F"])})},
              {"set": sets({**DIST, "train.strategy": "fsdp", "checkpoint.resume": "auto",
@@ -801,7 +804,7 @@ def test_torch_compile_on_cuda_matches_eager_and_saves_plain_keys(tmp_path):
     gates.check("compiled checkpoint keys with an _orig_mod. prefix", [k for k in keys if "_orig_mod" in k], "==", [])
 
 
-# --- the torchrun driver: runs several configs in the same two ranks ---------------------------------------------------
+# --- the torchrun driver: runs several configs in the same two ranks -------------------------------------------------
 def dist_driver(plan_file: str) -> int:
     """Under torchrun: join the process group once, then run each planned config in turn (as train.py would)."""
     import torch.distributed as dist

@@ -74,7 +74,8 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['config']} | {r['dataset']} | {r['model']} | — | — | — | skipped: {r['skipped']} | — |")
+            lines.append(f"| {r['config']} | {r['dataset']} | {r['model']} | — | — | — | skipped: {r['skipped']} "
+                         f"| — |")
             continue
         epochs = f"{r['epochs_run']} epoch{'s' if r['epochs_run'] > 1 else ''}"
         steps = f"{r['steps']} (capped)" if r["capped_at"] else f"{r['steps']} ({epochs})"
@@ -108,7 +109,8 @@ def main(argv=None) -> list[dict]:
     text = table(rows)
     machine = train.runlog.cpu_name() if not torch.cuda.is_available() else torch.cuda.get_device_name()
     note = (f"\nMeasured by `python day12_template/main.py{' --quick' if args.quick else ''}` on {machine}, torch "
-            f"{torch.__version__}, {torch.get_num_threads()} thread(s); all configs in one process, one after another.\n")
+            f"{torch.__version__}, {torch.get_num_threads()} thread(s); all configs in one process, one after "
+            f"another.\n")
     print("\n" + text + note)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(text + "\n" + note)

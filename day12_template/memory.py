@@ -139,8 +139,11 @@ def main(argv=None) -> None:
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the run will train")
     args = parser.parse_args(argv)
-    cfg = config.load(args.config, args.set)
-    info = data.build(cfg.data, cfg.run.seed).info
+    try:
+        cfg = config.load(args.config, args.set)
+        info = data.build(cfg.data, cfg.run.seed).info
+    except (config.ConfigError, data.DataError) as exc:
+        parser.error(str(exc))
     e = estimate(cfg, info, args.device)
     print(f"{cfg.model.name}: {e['params']:,} parameters, micro-batch {e['micro_batch']}")
     for key in ("weights", "optimizer", "batch", "resting", "activations", "backward", "optimizer_step",
