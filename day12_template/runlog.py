@@ -43,6 +43,21 @@ def metadata(device: torch.device, world: int, resumed_from: str | None) -> dict
             "world_size": world, "resumed_from": resumed_from}
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """A kill leaves the old file or the new one, never half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def previous_launches(path: Path) -> list[dict]:
+    """The launch history of a run folder (none for a resume into a new folder, or if the file is unreadable)."""
+    try:
+        return json.loads(path.read_text())["launches"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """The records of metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -63,15 +78,12 @@ class RunLog:
         if not active:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(config_mod.dump_toml(cfg))
-        previous = self.run_dir / "run.json"  # a resume into a new folder has none
-        launches = json.loads(previous.read_text())["launches"] if start_step and previous.exists() else []
-        (self.run_dir / "run.json").write_text(json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
-        # Records past the checkpoint came from work that is now redone: drop them (atomically).
+        write_atomic(self.run_dir / "config.toml", config_mod.dump_toml(cfg))
+        launches = previous_launches(self.run_dir / "run.json") if start_step else []
+        write_atomic(self.run_dir / "run.json", json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
+        # Records past the checkpoint came from work that is now redone: drop them.
         kept = [r for r in read_metrics(self.run_dir) if r["step"] <= start_step and r["kind"] != "test"]
-        tmp = self.run_dir / "metrics.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.run_dir / "metrics.jsonl")
+        write_atomic(self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
         self.metrics = open(self.run_dir / "metrics.jsonl", "a")
         try:
             from torch.utils.tensorboard import SummaryWriter
