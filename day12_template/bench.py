@@ -1,0 +1,158 @@
+"""Day 12 benchmark: what the template's loop costs, and what a second rank buys.
+
+1. Overhead. The template (DataLoader over micro-batch keys, the per-step flag sync, logging every 10 steps, a
+   checkpoint every 100, the tqdm bar drawn) against a bare hand-written loop doing the same math (same model, data,
+   batch, AdamW groups, warmup + cosine, clipping), alternated in one process, each timed over steps 10-210 (warm-up
+   and the final evaluation left out). Goal: <= 5% slower.
+2. Scale-out. The same global batch trained by 1 process (1 thread), 1 process (2 threads) and torchrun with 2 ranks
+   of 1 thread each (DDP, gloo): samples/s over steps 10-210.
+
+Run:  python day12_template/bench.py                       (writes day12_template/runs/bench/bench.{json,md})
+      python day12_template/bench.py --out day12_template/results
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import config  # noqa: E402
+import data  # noqa: E402
+import models  # noqa: E402
+import runlog  # noqa: E402
+import train  # noqa: E402
+
+FIRST, LAST = 10, 210  # steps timed: after warm-up, before the end-of-epoch evaluation (214 steps an epoch)
+BASE = [f"train.max_steps={LAST}", "train.log_every=10", "checkpoint.every_steps=100", "train.progress=bar"]
+
+
+def steps_per_s(run_dir: Path, clock: str = "elapsed_s") -> float:
+    """Steps per second of wall time (elapsed_s) or of this process's CPU time (cpu_s) over steps FIRST-LAST."""
+    rec = {r["step"]: r for r in runlog.read_metrics(run_dir) if r["kind"] == "train"}
+    return (LAST - FIRST) / (rec[LAST][clock] - rec[FIRST][clock])
+
+
+def template(cfg_path: Path, runs: Path, i: int) -> tuple[float, float]:
+    out = runs / f"template-{i}"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = config.load(str(cfg_path), [*BASE, f"run.out_dir={out}"])
+    stderr, sys.stderr = sys.stderr, open(os.devnull, "w")  # the bar is drawn (its cost counts), not shown
+    try:
+        train.run(cfg)
+    finally:
+        sys.stderr.close()
+        sys.stderr = stderr
+    return steps_per_s(out), steps_per_s(out, "cpu_s")
+
+
+def bare(cfg_path: Path) -> tuple[float, float]:
+    """The same training step, hand-written: no loader, no sync, no logs, no checkpoints."""
+    cfg = config.load(str(cfg_path), BASE)
+    train.seed_everything(cfg.run.seed, cfg.run.deterministic, False)
+    splits = data.build(cfg.data, cfg.run.seed)
+    model = models.build(cfg.model, splits.info)
+    optimizer = train.build_optimizer(model, cfg.optim)
+    steps_per_epoch = len(splits.train) // cfg.train.batch_size
+    scheduler = train.warmup_cosine(optimizer, cfg.train.epochs * steps_per_epoch, cfg.optim)
+    order = torch.randperm(len(splits.train), generator=torch.Generator().manual_seed(cfg.run.seed))
+    for step in range(LAST):
+        if step == FIRST:
+            t0, c0 = time.perf_counter(), time.process_time()
+        x, y = splits.train.batch(0, order[step * cfg.train.batch_size:(step + 1) * cfg.train.batch_size])
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+    return (LAST - FIRST) / (time.perf_counter() - t0), (LAST - FIRST) / (time.process_time() - c0)
+
+
+def overhead(cfg_path: Path, runs: Path, repeats: int) -> dict:
+    """Wall-clock steps/s (the figure that matters) and CPU-time steps/s (steadier when other processes share the
+    cores: it counts only this process's work), medians over alternated rounds."""
+    b, t = [], []
+    for i in range(repeats):  # alternated, so drifting machine load hits both
+        b.append(bare(cfg_path))
+        t.append(template(cfg_path, runs, i))
+        print(f"  round {i + 1}: bare {b[-1][0]:.1f} steps/s, template {t[-1][0]:.1f} steps/s (wall)", flush=True)
+    out = {"rounds": repeats, "bare_all": b, "template_all": t}
+    for j, clock in enumerate(("wall", "cpu")):
+        bm, tm = statistics.median(r[j] for r in b), statistics.median(r[j] for r in t)
+        out[clock] = {"bare_steps_per_s": bm, "template_steps_per_s": tm, "overhead": bm / tm - 1}
+    return out
+
+
+def scale_out(cfg_path: Path, runs: Path) -> dict:
+    """samples/s of 1 process (1 and 2 threads) and of torchrun with 2 single-thread ranks, same global batch."""
+    rows = {}
+    for name, threads, launcher in (("1 process, 1 thread", 1, []), ("1 process, 2 threads", 2, []),
+                                    ("DDP: 2 ranks x 1 thread", 1, ["-m", "torch.distributed.run", "--standalone",
+                                                                     "--nproc_per_node=2"])):
+        out = runs / name.replace(" ", "_").replace(",", "").replace(":", "")
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [sys.executable, *launcher, str(HERE / "train.py"), "--config", str(cfg_path), "--set", *BASE,
+               "train.progress=off", "train.strategy=ddp", f"run.out_dir={out}"]
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        batch = config.load(str(cfg_path), []).train.batch_size
+        rows[name] = {"samples_per_s": steps_per_s(out) * batch}
+        print(f"  {name}: {rows[name]['samples_per_s']:,.0f} samples/s", flush=True)
+    base = rows["1 process, 1 thread"]["samples_per_s"]
+    for r in rows.values():
+        r["vs_1_process_1_thread"] = r["samples_per_s"] / base
+    return rows
+
+
+def markdown(res: dict) -> str:
+    o, w, c = res["overhead"], res["overhead"]["wall"], res["overhead"]["cpu"]
+    lines = [f"Config `{res['config']}` (batch {res['batch_size']}), steps {FIRST}-{LAST}, one thread, on "
+             f"{res['machine']}, torch {res['torch']}; medians of {o['rounds']} alternated rounds.", "",
+             "| loop | steps/s, wall clock | steps/s, process CPU time |", "|---|---:|---:|",
+             f"| bare hand-written loop | {w['bare_steps_per_s']:.1f} | {c['bare_steps_per_s']:.1f} |",
+             f"| template (loader, flag sync, log every 10, checkpoint every 100, tqdm bar) | "
+             f"{w['template_steps_per_s']:.1f} | {c['template_steps_per_s']:.1f} |",
+             f"| **template overhead** (goal <= 5%) | **{100 * w['overhead']:+.1f}%** | {100 * c['overhead']:+.1f}% |",
+             "",
+             "| scale-out, same global batch | samples/s | vs 1 process, 1 thread |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v['samples_per_s']:,.0f} | {v['vs_1_process_1_thread']:.2f}x |"
+              for k, v in res["scale_out"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=HERE / "configs" / "mnist_mlp.toml")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=HERE / "runs" / "bench")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    runs = HERE / "runs" / "bench"
+    torch.set_num_threads(1)  # the overhead comparison runs single-threaded, like one rank
+    print(f"overhead of the template's loop ({args.repeats} rounds) ...", flush=True)
+    res = {"config": args.config.name, "batch_size": config.load(str(args.config), []).train.batch_size,
+           "machine": runlog.cpu_name() if not torch.cuda.is_available() else torch.cuda.get_device_name(),
+           "torch": torch.__version__, "overhead": overhead(args.config, runs, args.repeats)}
+    print("scale-out ...", flush=True)
+    res["scale_out"] = scale_out(args.config, runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(res, indent=2) + "\n")
+    (args.out / "bench.md").write_text(markdown(res))
+    print(markdown(res))
+    print(f"wrote {args.out / 'bench.json'} and bench.md")
+    return res
+
+
+if __name__ == "__main__":
+    main()

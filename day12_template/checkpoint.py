@@ -1,0 +1,210 @@
+"""Checkpoint files: atomic writes, last/best links that cannot go stale, loads that fail loudly.
+
+A run folder holds `ckpt-<step>.pt` files (the newest `keep_last`), `last.pt` (the newest) and `best.pt` (lowest
+validation loss); the two names are hard links to step files, so naming costs no second write. Save order:
+write `ckpt-N.pt` atomically -> link `best.pt` (if N is the best) -> link `last.pt` -> prune old files. A kill
+anywhere leaves `last.pt` complete; `best.pt` can at worst be *ahead* of `last.pt` (a resume replays the same steps
+and re-links it). Every checkpoint also records which step is the best, and `repair_best` re-links `best.pt` from
+that record on resume, so even a folder left inconsistent by other code heals.
+"""
+import os
+import random
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import config
+
+FORMAT = "day12-template/1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or read; the message names the file and says what is intact."""
+
+
+# -- RNG states, in forms torch.load(weights_only=True) accepts (no NumPy objects) ----------------------------------
+def rng_state(device: torch.device) -> dict:
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                      "gauss": float(gauss)},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# -- writing -----------------------------------------------------------------------------------------------------
+def _fsync_dir(directory: Path) -> None:
+    if hasattr(os, "O_DIRECTORY"):  # POSIX: make the rename itself durable
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def atomic_save(obj, path: Path) -> None:
+    """torch.save to `<path>.tmp` next to `path`, fsync, os.replace: a reader sees the old file or the new one.
+    Any failure (disk full: torch's zip writer reports ENOSPC/EFBIG as a RuntimeError; a failing rename) removes
+    the partial file and raises CheckpointError; the previous checkpoint is untouched."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except (OSError, RuntimeError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"could not write checkpoint {path} ({_reason(exc)}); is the disk full? The previous "
+                              f"checkpoint is intact: {path.parent / 'last.pt'}") from None
+
+
+def link(src: Path, dst: Path) -> None:
+    """Point `dst` at the bytes of `src` (hard link), switching atomically."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"could not point {dst.name} at {src.name} ({_reason(exc)})") from None
+
+
+def save(payload: dict, run_dir: Path, keep_last: int, is_best: bool, between_links=None) -> Path:
+    """Write ckpt-<step>.pt, link best.pt (first) and last.pt to it, delete all but the newest `keep_last`."""
+    path = run_dir / f"ckpt-{payload['step']:08d}.pt"
+    atomic_save(payload, path)
+    if is_best:
+        link(path, run_dir / "best.pt")
+        if between_links:
+            between_links()  # fault drills only: a SIGKILL lands here
+    link(path, run_dir / "last.pt")
+    for old in sorted(run_dir.glob("ckpt-*.pt"))[:-keep_last]:  # zero-padded names sort by step
+        old.unlink()
+    return path
+
+
+def clean_stale_tmp(run_dir: Path) -> list[Path]:
+    """A SIGKILL skips `finally`: remove temporary files a dead run left behind."""
+    stale = sorted(Path(run_dir).glob("*.tmp"))
+    for p in stale:
+        p.unlink()
+    return stale
+
+
+# -- reading -----------------------------------------------------------------------------------------------------
+def load(path, mmap: bool = False) -> dict:
+    """torch.load(weights_only=True) (no code runs from the file) after checking the zip's CRC-32s, which torch.load
+    skips: a flipped bit inside a tensor would otherwise load silently."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        if not mmap:
+            with zipfile.ZipFile(path) as zf:
+                bad = zf.testzip()
+            if bad is not None:
+                raise CheckpointError(f"checkpoint {path} is corrupted: CRC mismatch in {bad}")
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # truncated zip, bad pickle, forbidden global
+        raise CheckpointError(f"checkpoint {path} is unreadable (truncated, corrupted or not a weights-only "
+                              f"checkpoint): {_reason(exc)}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a checkpoint of this template (no format={FORMAT!r} entry)")
+    return ckpt
+
+
+def step_of(path: Path) -> int | None:
+    """The step a checkpoint file holds (memory-mapped: reads almost nothing), or None if absent or unreadable."""
+    try:
+        return load(path, mmap=True)["step"]
+    except CheckpointError:
+        return None
+
+
+def repair_best(run_dir: Path, last: dict) -> str | None:
+    """Make best.pt the checkpoint that `last` records as best; returns what was done (None: nothing to do)."""
+    want, best = last["best"]["step"], run_dir / "best.pt"
+    have = step_of(best)
+    if want is None or have == want or (have is not None and have > last["step"]):
+        return None  # consistent, or ahead of last.pt: the resumed run replays those steps and re-links it
+    source = run_dir / f"ckpt-{want:08d}.pt"
+    if step_of(source) != want:
+        return f"best.pt holds step {have} but the best checkpoint (step {want}) is gone; it will be re-linked " \
+               f"at the next better validation loss"
+    link(source, best)
+    return f"best.pt re-linked to step {want} (it held step {have})"
+
+
+def strip_prefixes(state: dict) -> dict:
+    """Keys as a plain model names them: drops the `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes."""
+    out = {}
+    for key, value in state.items():
+        while key.startswith(("module.", "_orig_mod.")):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
+
+
+def check_fits(model: torch.nn.Module, state: dict, path) -> None:
+    """CheckpointError listing missing, unexpected and differently-shaped keys, before anything is loaded."""
+    mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in state.items()}
+    missing, unexpected = sorted(mine.keys() - theirs.keys()), sorted(theirs.keys() - mine.keys())
+    shapes = [f"{k} {theirs[k]} vs {mine[k]}" for k in sorted(mine.keys() & theirs.keys()) if mine[k] != theirs[k]]
+    if missing or unexpected or shapes:
+        parts = [f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
+                 f"shapes differ: {shapes[:5]}" if shapes else ""]
+        raise CheckpointError(f"checkpoint {path} does not fit this model: " + "; ".join(p for p in parts if p))
+
+
+def resume_source(cfg: config.Config) -> tuple[Path | None, dict | None]:
+    """(path, checkpoint) to resume from, or (None, None) for a fresh run. Refuses (ConfigError) a fresh run over an
+    existing one, a missing file, and a checkpoint whose config differs in fields that are not safe to change."""
+    want, last = cfg.checkpoint.resume, Path(cfg.run.out_dir) / "last.pt"
+    if want == "auto":
+        path = last if last.exists() else None
+    elif want:
+        if not Path(want).is_file():
+            raise config.ConfigError(f"checkpoint.resume: {want} is not a file")
+        path = Path(want)
+    elif last.exists():
+        raise config.ConfigError(f"run.out_dir {cfg.run.out_dir} already holds a run (last.pt): continue it with "
+                                 f"--set checkpoint.resume=auto, or choose another run.out_dir")
+    else:
+        path = None
+    ckpt = load(path) if path else None
+    if ckpt and (diffs := config.differences(ckpt["config"], cfg)):
+        raise config.ConfigError(f"refusing to resume from {path}: the config differs in " + "; ".join(diffs)
+                                 + ". Only fields marked [may change on resume] in --help-config may change; to "
+                                 "start a new run from these weights, use checkpoint.init_from")
+    return path, ckpt
+
+
+def load_weights(model: torch.nn.Module, path) -> None:
+    """Fine-tuning: the model weights of any template checkpoint (DDP/compile prefixes dropped), shapes checked."""
+    weights = strip_prefixes(load(path)["model"])
+    check_fits(model, weights, path)
+    model.load_state_dict(weights)

@@ -1,0 +1,346 @@
+"""The run's configuration: dataclass sections, a TOML file, `--set section.key=value` overrides.
+
+Every value is checked before any work starts: an unknown key (with the nearest valid one), a wrong type or an
+impossible value raises `ConfigError` naming the field; `train.py` prints it and exits with code 2, having written
+nothing. Each field carries its one-line *why*; `python train.py --help-config` prints them all.
+"""
+import dataclasses
+import difflib
+import json
+import math
+import operator
+import os
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATASETS = ("mnist", "fashion_mnist", "synthetic", "imagefolder")
+MODELS = ("mlp", "resnet")  # models.BUILDERS holds one function per name
+BOUNDS = (("gt", operator.gt, ">"), ("ge", operator.ge, ">="), ("lt", operator.lt, "<"), ("le", operator.le, "<="))
+
+
+class ConfigError(ValueError):
+    """A value the run cannot start with; the message names the field (`optim.lr`)."""
+
+
+def opt(default, why: str, *, gt=None, ge=None, lt=None, le=None, choices=None, safe: bool = False):
+    """A field with its reason, its allowed values and whether a resumed run may change it (`safe`)."""
+    return field(default=default, metadata={"why": why, "gt": gt, "ge": ge, "lt": lt, "le": le, "choices": choices,
+                                            "safe": safe})
+
+
+@dataclass
+class Run:
+    seed: int = opt(0, "one seed for init, data order and dropout: same seed + same config = the same run")
+    out_dir: str = opt("runs/template", "run folder for config, metrics, TensorBoard and checkpoints (relative to "
+                       "the current folder)", safe=True)
+    device: str = opt("auto", "auto = cuda -> mps -> cpu; or cpu, cuda, cuda:N, mps (torchrun: cuda:LOCAL_RANK)",
+                      safe=True)
+    deterministic: bool = opt(True, "deterministic kernels, cuDNN autotuner off: repeatable runs and exact resume "
+                              "(a little slower on GPUs)", safe=True)
+
+
+@dataclass
+class Data:
+    dataset: str = opt("mnist", "which data: mnist | fashion_mnist | synthetic | imagefolder", choices=DATASETS)
+    root: str = opt("", "folder holding the files; '' = the repo's bundle or the system copy (imagefolder: "
+                    "required)", safe=True)
+    val_size: int = opt(5000, "training images held out for validation: model selection and early stopping, "
+                        "never the test set", ge=1)
+    subset: int = opt(0, "0 = every training image; N = only the first N (smoke runs)", ge=0)
+    image_size: int = opt(28, "imagefolder/synthetic: square side length the images are resized to", gt=0)
+    channels: int = opt(1, "imagefolder/synthetic: 1 = grayscale, 3 = RGB", choices=(1, 3))
+    augment: bool = opt(False, "imagefolder: random resized crops, seeded per (epoch, sample) so resume stays exact")
+    synthetic_size: int = opt(8192, "synthetic: generated training images (class prototypes + noise)", gt=0)
+    num_workers: int = opt(0, "DataLoader worker processes: in-memory datasets need none, image files want 2-8",
+                           ge=0, safe=True)
+    pin_memory: bool = opt(True, "page-locked host batches for asynchronous copies to CUDA (ignored elsewhere)",
+                           safe=True)
+
+
+@dataclass
+class Model:
+    name: str = opt("mlp", "mlp (Day 4) | resnet (Day 9); a new model is one function in models.py",
+                    choices=MODELS)
+    hidden: int = opt(512, "mlp: width of each hidden layer", gt=0)
+    depth: int = opt(1, "mlp: hidden blocks (Linear-LayerNorm-GELU-Dropout)", gt=0)
+    dropout: float = opt(0.1, "mlp: dropout after each hidden block; it is what makes restoring the RNG necessary",
+                         ge=0, lt=1)
+    widths: tuple[int, ...] = opt((16, 32, 64), "resnet: channels per stage (one BasicBlock each, stride 2 after "
+                                  "the first)", gt=0)
+    channels_last: bool = opt(False, "NHWC memory layout: faster convolutions on tensor cores and CPUs", safe=True)
+    activation_checkpointing: bool = opt(False, "recompute each block during backward instead of keeping its "
+                                         "activations: less memory, ~30% more compute", safe=True)
+    compile: bool = opt(False, "torch.compile the model: faster steps after a compile warm-up (needs a C++ "
+                        "compiler; Triton on CUDA)", safe=True)
+
+
+@dataclass
+class Optim:
+    lr: float = opt(3e-3, "peak learning rate, reached at the end of the warmup", gt=0)
+    weight_decay: float = opt(0.05, "AdamW's decoupled decay, on weight matrices only (not biases or norm gains)",
+                              ge=0)
+    betas: tuple[float, ...] = opt((0.9, 0.999), "AdamW's moment decay rates (first, second)", ge=0, lt=1)
+    warmup_ratio: float = opt(0.05, "share of all optimizer steps spent ramping the LR up: early steps on random "
+                              "weights are the unstable ones", ge=0, lt=1)
+    min_lr_ratio: float = opt(0.0, "the cosine decays to lr * min_lr_ratio at the last step", ge=0, le=1)
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this (after unscale_); 0 = off", ge=0)
+
+
+@dataclass
+class Train:
+    epochs: int = opt(8, "passes over the training set; the cosine spans them all", gt=0, safe=True)
+    batch_size: int = opt(256, "samples per optimizer step over all ranks and micro-batches (the global batch)",
+                          gt=0)
+    grad_accum: int = opt(1, "micro-batches per optimizer step on each rank: one forward sees batch_size / "
+                          "(grad_accum x world size) samples", gt=0, safe=True)
+    amp: bool = opt(False, "autocast the forward pass to amp_dtype (weights, gradients, AdamW moments stay fp32); "
+                    "turn on for GPUs", )
+    amp_dtype: str = opt("bfloat16", "bfloat16 (fp32's range, no scaling) | float16 (GradScaler rescues small "
+                         "gradients)", choices=("bfloat16", "float16"))
+    strategy: str = opt("ddp", "under torchrun: ddp (one replica per rank, gradients all-reduced) | fsdp (FSDP2: "
+                        "parameters, gradients, moments sharded)", choices=("ddp", "fsdp"), safe=True)
+    early_stop_patience: int = opt(0, "stop after this many evaluations without a better validation loss; 0 = off",
+                                   ge=0, safe=True)
+    max_steps: int = opt(0, "0 = no cap; N = end after N optimizer steps in total (smoke runs)", ge=0, safe=True)
+    log_every: int = opt(50, "optimizer steps between training records: each costs a host sync", gt=0, safe=True)
+    progress: str = opt("auto", "auto = a tqdm bar on a terminal, one line per epoch otherwise | bar | off",
+                        choices=("auto", "bar", "off"), safe=True)
+
+
+@dataclass
+class Checkpoint:
+    resume: str = opt("", "'' = fresh run; 'auto' = out_dir/last.pt when present; or a checkpoint path",
+                      safe=True)
+    init_from: str = opt("", "fine-tune: take only the model weights from this checkpoint (any strategy or world "
+                         "size)")
+    every_steps: int = opt(0, "also checkpoint every N optimizer steps, not only at epoch ends (0 = off): what a "
+                           "kill can cost", ge=0, safe=True)
+    keep_last: int = opt(3, "step checkpoints kept besides best.pt; older ones are deleted", ge=1, safe=True)
+
+
+@dataclass
+class Profile:
+    enabled: bool = opt(False, "trace a few steps with torch.profiler into out_dir/profile/ (open in Perfetto)",
+                        safe=True)
+    start_step: int = opt(5, "optimizer steps skipped before tracing (warm-up, allocator, compile)", ge=0,
+                          safe=True)
+    steps: int = opt(3, "optimizer steps traced", gt=0, safe=True)
+
+
+@dataclass
+class Config:
+    run: Run = field(default_factory=Run)
+    data: Data = field(default_factory=Data)
+    model: Model = field(default_factory=Model)
+    optim: Optim = field(default_factory=Optim)
+    train: Train = field(default_factory=Train)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    profile: Profile = field(default_factory=Profile)
+
+
+# -- field table ------------------------------------------------------------------------------------------------
+def fields_of(cfg_cls=Config):
+    """(dotted key, dataclass field, type) for every field: `optim.lr`, ..."""
+    for section in dataclasses.fields(cfg_cls):
+        cls = section.default_factory
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            yield f"{section.name}.{f.name}", f, hints[f.name]
+
+
+FIELDS = {key: (f, hint) for key, f, hint in fields_of()}
+SAFE_ON_RESUME = tuple(k for k, (f, _) in FIELDS.items() if f.metadata["safe"])
+
+
+def describe() -> str:
+    """Every field with its default and its reason (`--help-config`, and the README's table)."""
+    rows = []
+    for key, (f, _) in FIELDS.items():
+        rows.append(f"{key} = {to_toml(f.default)}\n    {f.metadata['why']}"
+                    + ("  [may change on resume]" if f.metadata["safe"] else ""))
+    return "\n".join(rows)
+
+
+# -- checking one value ------------------------------------------------------------------------------------------
+def _typename(hint) -> str:
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {typing.get_args(hint)[0].__name__}s"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[hint]
+
+
+def coerce(key: str, value, hint):
+    """`value` as the field's type, or ConfigError naming `key`. Ints pass as floats; bools never pass as ints."""
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ConfigError(f"{key} must be {_typename(hint)}, got {value!r}")
+        return tuple(coerce(f"{key}[{i}]", v, typing.get_args(hint)[0]) for i, v in enumerate(value))
+    ok = (isinstance(value, bool) if hint is bool else
+          isinstance(value, int) and not isinstance(value, bool) if hint is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if hint is float else
+          isinstance(value, str))
+    if not ok:
+        raise ConfigError(f"{key} must be {_typename(hint)}, got {value!r}")
+    if hint is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return value
+
+
+def check_bounds(key: str, value, meta) -> None:
+    for x in value if isinstance(value, tuple) else (value,):
+        for name, test, word in BOUNDS:
+            if meta[name] is not None and not test(x, meta[name]):
+                raise ConfigError(f"{key} must be {word} {meta[name]}, got {value!r}")
+        if meta["choices"] and x not in meta["choices"]:
+            choices = " | ".join(map(str, meta["choices"]))
+            raise ConfigError(f"{key} must be one of {choices}; got {x!r}{nearest(str(x), map(str, meta['choices']))}")
+
+
+def nearest(word: str, candidates) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.5)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def unknown_key(key: str) -> ConfigError:
+    by_leaf = [k for k in FIELDS if k.split(".")[-1] == key.split(".")[-1]]  # `lr` -> `optim.lr`
+    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, FIELDS)
+    return ConfigError(f"unknown config key `{key}`{hint}")
+
+
+# -- building a Config -----------------------------------------------------------------------------------------
+def flatten(table: dict, where: str = "") -> dict:
+    """{"optim": {"lr": 1e-3}} -> {"optim.lr": 1e-3}; a section given as a value (or vice versa) is an error."""
+    flat = {}
+    for name, value in table.items():
+        key = f"{where}{name}"
+        if isinstance(value, dict):
+            if where or key not in {k.split(".")[0] for k in FIELDS}:
+                raise unknown_key(key)
+            flat.update(flatten(value, key + "."))
+        else:
+            flat[key] = value
+    return flat
+
+
+def parse_override(item: str) -> tuple[str, object]:
+    """`optim.lr=1e-3` -> ("optim.lr", 0.001): the value is read as TOML (numbers, true, [16, 32]), else a string."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects key=value (e.g. optim.lr=1e-3), got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare word: dataset=mnist, out_dir=runs/x
+    return key.strip(), value
+
+
+def build(values: dict) -> Config:
+    """A checked Config from dotted keys (file values first, overrides after)."""
+    cfg = Config()
+    for key, value in values.items():
+        if key not in FIELDS:
+            raise unknown_key(key)
+        f, hint = FIELDS[key]
+        value = coerce(key, value, hint)
+        check_bounds(key, value, f.metadata)
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, value)
+    check_combinations(cfg)
+    return cfg
+
+
+def check_combinations(cfg: Config, world_size: int | None = None) -> None:
+    """Rules that involve several fields (and, once known, the number of ranks)."""
+    world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    per_step = cfg.train.grad_accum * world
+    if cfg.train.batch_size % per_step:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.grad_accum "
+                          f"({cfg.train.grad_accum}) x world size ({world}) = {per_step}")
+    if cfg.data.dataset in ("mnist", "fashion_mnist") and (cfg.data.image_size, cfg.data.channels) != (28, 1):
+        raise ConfigError(f"data.image_size/data.channels: {cfg.data.dataset} images are 28x28 grayscale; resizing "
+                          f"applies to imagefolder and synthetic only")
+    if cfg.data.dataset == "imagefolder" and not cfg.data.root:
+        raise ConfigError("data.root: imagefolder needs the folder holding train/<class>/<image> files")
+    if cfg.data.augment and cfg.data.dataset != "imagefolder":
+        raise ConfigError("data.augment applies to imagefolder only")
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.run.device):
+        raise ConfigError(f"run.device must be auto, cpu, mps, cuda or cuda:N; got {cfg.run.device!r}")
+    if len(cfg.optim.betas) != 2:
+        raise ConfigError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
+    if not cfg.run.out_dir:
+        raise ConfigError("run.out_dir must name a folder")
+
+
+def check_out_dir(cfg: Config) -> None:
+    """run.out_dir must be creatable: its nearest existing ancestor is a writable folder. Creates nothing."""
+    existing = Path(cfg.run.out_dir).resolve()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.out_dir {cfg.run.out_dir}: {existing} is not a writable folder")
+
+
+def load(path: str | None, overrides: list[str]) -> Config:
+    """The config file (TOML) with the `--set` overrides applied, checked."""
+    values = {}
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: {exc.strerror or exc}") from None
+        try:
+            values = flatten(tomllib.loads(text))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--config {path} is not valid TOML: {exc}") from None
+    for item in overrides:
+        key, value = parse_override(item)
+        values[key] = value
+    return build(values)
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict) -> Config:
+    return build(flatten(d))
+
+
+def to_toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(to_toml(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    return repr(value)
+
+
+def dump_toml(cfg: Config) -> str:
+    """The effective config as TOML, readable back by `--config`."""
+    lines = []
+    for section, values in to_dict(cfg).items():
+        lines.append(f"[{section}]")
+        lines += [f"{name} = {to_toml(value)}" for name, value in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def differences(saved: dict, now: Config, ignore=SAFE_ON_RESUME) -> list[str]:
+    """`key: saved -> now` for every field that differs, leaving out the ones safe to change on resume."""
+    before = dict(flatten(saved)) if saved else {}
+    after = flatten(to_dict(now))
+    diffs = []
+    for key in FIELDS:
+        if key in ignore:
+            continue
+        old, new = before.get(key), after[key]
+        if isinstance(old, list):
+            old = tuple(old)
+        if old != new:
+            diffs.append(f"{key}: {to_toml(old) if old is not None else '(absent)'} -> {to_toml(new)}")
+    return diffs

@@ -1,0 +1,354 @@
+"""Datasets by config (`data.dataset`), and the sampler that makes resume exact on any number of ranks.
+
+Every dataset answers `batch(epoch, indices) -> (x, y)`: whole micro-batches, so in-memory data is sliced instead
+of collated sample by sample, and augmentation can be seeded by (epoch, sample) instead of by the worker.
+
+    mnist          the repo's bundle (../data/mnist/*.gz) or data.root, MD5-checked; torchvision's download last
+    fashion_mnist  data.root, or Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), or download
+    synthetic      generated: one random prototype image per class + noise (smoke tests, benchmarks)
+    imagefolder    data.root/train/<class>/<image> (+ optional val/ and test/): your own images
+
+A new dataset is one function returning `Splits` (see `synthetic`); register it in BUILDERS and config.DATASETS.
+"""
+import functools
+import gzip
+import hashlib
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+HERE = Path(__file__).resolve().parent
+SPLIT_SEED = 1234  # the validation split never changes with the training seed
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+# MD5 of the decompressed IDX files (the .gz bytes differ between mirrors and Debian's recompressed copy).
+RAW_MD5 = {
+    "mnist": {
+        "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+        "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+        "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+        "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
+    },
+    "fashion_mnist": {
+        "train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+        "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
+        "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
+        "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965",
+    },
+}
+STATS = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}  # training-set pixel mean, std
+SEARCH = {"mnist": [HERE.parent / "data" / "mnist"],  # the repo's bundle, when the template sits in the repo
+          "fashion_mnist": [Path("/usr/share/datasets/fashion-mnist")]}  # apt-get install dataset-fashion-mnist
+TORCHVISION = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
+
+
+class DataError(RuntimeError):
+    """The data cannot be found or read; the message says where it looked and what to do."""
+
+
+@dataclass
+class Info:
+    channels: int
+    size: int
+    num_classes: int
+
+
+@dataclass
+class Splits:
+    train: "BatchData"
+    val: "BatchData"
+    test: "BatchData | None"
+    info: Info
+
+
+class BatchData:
+    """Interface: `len(ds)` samples, `ds.batch(epoch, indices) -> (x float32 (B,C,H,W), y int64 (B,))`."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def batch(self, epoch: int, indices: torch.Tensor):
+        raise NotImplementedError
+
+
+class TensorData(BatchData):
+    """Images held in memory, normalised per batch (uint8 pixels; float images are used as they are): slicing a
+    tensor beats a per-sample Dataset ~10x."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, mean: float = 0.0, std: float = 1.0):
+        self.x, self.y, self.mean, self.std = x, y, mean, std
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batch(self, epoch, indices):
+        x = self.x[indices]
+        if x.dtype == torch.uint8:  # (x / 255 - mean) / std, in two in-place passes
+            x = x.float().mul_(1 / (255 * self.std)).sub_(self.mean / self.std)
+        return x, self.y[indices]
+
+
+# -- MNIST-format files ------------------------------------------------------------------------------------------
+def read_idx(path: Path, expected_md5: str) -> np.ndarray:
+    """An IDX file (optionally .gz) as an array, after checking the MD5 of its decompressed bytes."""
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    if hashlib.md5(raw).hexdigest() != expected_md5:
+        raise DataError(f"{path} is corrupt (MD5 of its content is not {expected_md5}): restore it (in the repo: "
+                        f"`git checkout -- data/mnist`) or delete it so the download can replace it")
+    ndim = raw[3]
+    shape = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def find_idx(name: str, root: str) -> Path:
+    """The folder holding the four IDX files: data.root (or its MNIST/raw), the known places, then a download."""
+    places = [Path(root), Path(root) / TORCHVISION[name] / "raw"] if root else []
+    places += SEARCH[name]
+    for folder in places:
+        if all((folder / f).exists() or (folder / f"{f}.gz").exists() for f in IDX_FILES):
+            return folder
+    target = Path(root or "data")
+    created = not target.exists()
+    try:
+        import torchvision.datasets as tvd
+
+        getattr(tvd, TORCHVISION[name])(str(target), train=True, download=True)
+        getattr(tvd, TORCHVISION[name])(str(target), train=False, download=True)
+        return target / TORCHVISION[name] / "raw"
+    except Exception as exc:  # no network, HTTP 403, no torchvision: one message that says what to do
+        if created:
+            shutil.rmtree(target, ignore_errors=True)  # leave no empty folders behind
+        looked = ", ".join(str(p) for p in places)
+        reason = " ".join(str(exc).split())[:160]  # one line, whatever the downloader printed
+        raise DataError(f"{name} not found (looked in {looked}) and the download into {target} failed "
+                        f"({type(exc).__name__}: {reason}). Put the four *-ubyte[.gz] files in a folder and "
+                        f"set data.root to it" + (", or `apt-get install dataset-fashion-mnist`"
+                                                  if name == "fashion_mnist" else "")) from None
+
+
+@functools.lru_cache(maxsize=4)
+def load_idx(name: str, root: str):
+    folder = find_idx(name, root)
+    arrays = []
+    for f in IDX_FILES:
+        path = folder / f if (folder / f).exists() else folder / f"{f}.gz"
+        arrays.append(torch.from_numpy(read_idx(path, RAW_MD5[name][f]).copy()))
+    x_train, y_train, x_test, y_test = arrays
+    return x_train.unsqueeze(1), y_train.long(), x_test.unsqueeze(1), y_test.long()
+
+
+def split_val(n: int, val_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if val_size >= n:
+        raise DataError(f"data.val_size={val_size} leaves no training images out of {n}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
+    return perm[val_size:], perm[:val_size]
+
+
+def subset(indices: torch.Tensor, n: int) -> torch.Tensor:
+    return indices[:n] if n else indices
+
+
+def idx_dataset(cfg, seed: int) -> Splits:
+    x, y, x_test, y_test = load_idx(cfg.dataset, cfg.root)
+    mean, std = STATS[cfg.dataset]
+    train, val = split_val(len(y), cfg.val_size)
+    train = subset(train, cfg.subset)
+    return Splits(TensorData(x[train], y[train], mean, std), TensorData(x[val], y[val], mean, std),
+                  TensorData(x_test, y_test, mean, std), Info(1, 28, 10))
+
+
+def synthetic(cfg, seed: int) -> Splits:
+    """Ten random prototype images and noisy copies of them: learnable in a few hundred steps, no files needed."""
+    g = torch.Generator().manual_seed(SPLIT_SEED)  # the same data whatever the training seed
+    shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    protos = torch.rand(10, *shape, generator=g) * 2 - 1
+
+    def make(n):
+        y = torch.randint(0, 10, (n,), generator=g)
+        return TensorData(protos[y] + 5.0 * torch.randn(n, *shape, generator=g), y)
+
+    train = make(cfg.subset or cfg.synthetic_size)
+    return Splits(train, make(cfg.val_size), make(cfg.val_size), Info(cfg.channels, cfg.image_size, 10))
+
+
+# -- your own images ---------------------------------------------------------------------------------------------
+class ImageFolderData(BatchData):
+    """root/<class>/<image>: decoded, resized and normalised per sample (in DataLoader workers when num_workers > 0).
+    Augmentation draws from a generator seeded by (seed, epoch, index): the same crop whatever the worker or resume."""
+
+    def __init__(self, files: list[Path], labels: list[int], cfg, seed: int, train: bool):
+        from torchvision.transforms import v2  # only image folders need torchvision
+
+        self.files, self.y, self.seed = files, torch.tensor(labels), seed
+        self.mode = "L" if cfg.channels == 1 else "RGB"  # PIL's grayscale and colour modes
+        size = (cfg.image_size, cfg.image_size)
+        resize = v2.RandomResizedCrop(size, scale=(0.7, 1.0)) if cfg.augment and train else v2.Resize(size)
+        self.transform = v2.Compose([v2.ToImage(), resize, v2.ToDtype(torch.float32, scale=True),
+                                     v2.Normalize([0.5] * cfg.channels, [0.5] * cfg.channels)])
+        self.augment = cfg.augment and train
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def load(self, i: int):
+        from PIL import Image
+
+        try:
+            with Image.open(self.files[i]) as img:
+                return img.convert(self.mode)
+        except Exception as exc:
+            raise DataError(f"cannot decode image {self.files[i]}: {exc}") from None
+
+    def batch(self, epoch, indices):
+        xs = []
+        for i in indices.tolist():
+            if self.augment:
+                with torch.random.fork_rng(devices=[]):  # the global RNG (dropout) is left untouched
+                    torch.manual_seed(self.seed * 1_000_003 + epoch * 100_003 + i)
+                    xs.append(self.transform(self.load(i)))
+            else:
+                xs.append(self.transform(self.load(i)))
+        return torch.stack(xs), self.y[indices]
+
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
+
+
+def list_images(folder: Path, classes: list[str] | None = None):
+    found = sorted(d.name for d in folder.iterdir() if d.is_dir()) if classes is None else classes
+    files, labels = [], []
+    for label, name in enumerate(found):
+        for f in sorted((folder / name).iterdir()) if (folder / name).is_dir() else []:
+            if f.suffix.lower() in IMAGE_SUFFIXES:
+                files.append(f)
+                labels.append(label)
+    return found, files, labels
+
+
+def imagefolder(cfg, seed: int) -> Splits:
+    root = Path(cfg.root)
+    if not (root / "train").is_dir():
+        raise DataError(f"data.root={root} has no train/ folder: expected {root}/train/<class>/<image> (and "
+                        f"optionally val/ and test/)")
+    classes, files, labels = list_images(root / "train")
+    if len(classes) < 2 or not files:
+        raise DataError(f"{root}/train needs at least two class folders with images; found {classes}")
+
+    def part(folder: Path, train=False):
+        if not folder.is_dir():
+            return None
+        _, f, lab = list_images(folder, classes)
+        return ImageFolderData(f, lab, cfg, seed, train)
+
+    val = part(root / "val")
+    if val is None:  # no val/ folder: carve it out of train/
+        keep, held = split_val(len(files), cfg.val_size)
+        keep = subset(keep, cfg.subset)
+        val = ImageFolderData([files[i] for i in held], [labels[i] for i in held], cfg, seed, False)
+        files, labels = [files[i] for i in keep], [labels[i] for i in keep]
+    elif cfg.subset:
+        files, labels = files[:cfg.subset], labels[:cfg.subset]
+    train = ImageFolderData(files, labels, cfg, seed, True)
+    return Splits(train, val, part(root / "test"), Info(cfg.channels, cfg.image_size, len(classes)))
+
+
+BUILDERS = {"mnist": idx_dataset, "fashion_mnist": idx_dataset, "synthetic": synthetic, "imagefolder": imagefolder}
+
+
+def build(cfg, seed: int) -> Splits:
+    """The train/val/test splits named by `cfg.dataset`; DataError if the files are missing or broken."""
+    splits = BUILDERS[cfg.dataset](cfg, seed)
+    if len(splits.val) == 0:
+        raise DataError("the validation split is empty: raise data.val_size")
+    return splits
+
+
+# -- feeding ranks ---------------------------------------------------------------------------------------------
+class Keyed(Dataset):
+    """Adapts a BatchData to DataLoader: each "item" is a whole micro-batch, fetched by its (epoch, indices) key."""
+
+    def __init__(self, data: BatchData):
+        self.data = data
+
+    def __getitem__(self, key):
+        return self.data.batch(*key)
+
+
+class ResumableSampler(Sampler):
+    """Micro-batch keys for one rank. Epoch e's order is randperm(n) from Generator(seed + e), never the global RNG.
+    Optimizer step s of an epoch uses order[s*B : (s+1)*B] (B = global batch) whatever the world size: each of its
+    grad_accum micro-slots holds world x micro samples, and rank r takes its contiguous share. The whole state is
+    (epoch, position): the loop advances `position` by B after each optimizer step, so prefetching cannot skip or
+    replay a sample, and a checkpoint from 2 ranks resumes on 1 (or 8) at the same sample."""
+
+    def __init__(self, n: int, batch_size: int, micro: int, rank: int, world: int, seed: int):
+        self.n, self.batch_size, self.micro, self.rank, self.world, self.seed = n, batch_size, micro, rank, world, seed
+        self.steps_per_epoch = n // batch_size  # the last partial global batch is dropped (another one each epoch)
+        self.epoch, self.position = 0, 0
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        slot = self.micro * self.world
+        for start in range(self.position, self.steps_per_epoch * self.batch_size, slot):
+            yield self.epoch, order[start + self.rank * self.micro:start + (self.rank + 1) * self.micro]
+
+    def __len__(self) -> int:
+        return (self.steps_per_epoch * self.batch_size - self.position) // (self.micro * self.world)
+
+    def steps_left(self) -> int:
+        return self.steps_per_epoch - self.position // self.batch_size
+
+    def advance(self) -> None:
+        self.position += self.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def state_dict(self) -> dict:
+        return {"n": self.n, "batch_size": self.batch_size, "seed": self.seed, "epoch": self.epoch,
+                "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["n"], state["batch_size"]) != (self.n, self.batch_size):
+            raise ValueError(f"the checkpoint's sampler covered {state['n']} samples in batches of "
+                             f"{state['batch_size']}; this run has {self.n} in batches of {self.batch_size}")
+        self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
+
+
+def eval_keys(n: int, batch: int, rank: int, world: int) -> tuple[list, list[float]]:
+    """This rank's share of an evaluation set as (keys, weights). Every rank gets the same number of batches (FSDP
+    ranks must run the same forwards); a rank with fewer samples repeats one with weight 0."""
+    shard = torch.arange(rank, n, world)
+    count = math.ceil(math.ceil(n / world) / batch)
+    keys = [(-1, shard[i * batch:(i + 1) * batch]) for i in range(count)]
+    weights = [1.0 if len(k[1]) else 0.0 for k in keys]
+    return [(e, idx if len(idx) else torch.arange(1)) for e, idx in keys], weights
+
+
+def eval_loaders(splits: Splits, batch: int, rank: int, world: int, num_workers: int, pin: bool) -> dict:
+    """{"val": (loader, weights), "test": ...}: this rank's share of each evaluation split."""
+    out = {}
+    for name in ("val", "test"):
+        if getattr(splits, name) is not None:
+            keys, weights = eval_keys(len(getattr(splits, name)), batch, rank, world)
+            out[name] = (loader(getattr(splits, name), keys, num_workers, pin), weights)
+    return out
+
+
+def _quiet_worker(_):
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer handles it
+
+
+def loader(data: BatchData, sampler, num_workers: int, pin_memory: bool) -> DataLoader:
+    """A DataLoader over micro-batch keys. Its private generator keeps worker seeding off the global RNG, which
+    would otherwise shift every later dropout mask of a resumed run."""
+    return DataLoader(Keyed(data), batch_size=None, sampler=sampler, num_workers=num_workers,
+                      pin_memory=pin_memory, persistent_workers=num_workers > 0, worker_init_fn=_quiet_worker,
+                      generator=torch.Generator().manual_seed(0))

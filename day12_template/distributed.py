@@ -1,0 +1,179 @@
+"""Scale-out on PyTorch's own engine: torchrun's environment, DDP or FSDP2, and state dicts any run can load.
+
+One process per device. torchrun sets RANK / WORLD_SIZE / LOCAL_RANK (and MASTER_ADDR/PORT); without them the run
+is a single process and the strategy is ignored. Backend: nccl on CUDA, gloo on CPU. Checkpoints hold *full, plain*
+state dicts (parameter names as the bare model has them, on CPU), gathered on rank 0, so a checkpoint from any
+strategy and world size loads into a plain model, or into any other strategy and world size.
+"""
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def pick_device(name: str, local_rank: int) -> torch.device:
+    """`auto`: cuda (this rank's GPU under torchrun) -> mps -> cpu; otherwise the named device, if present."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    kind = name.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available() or kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"run.device={name}: this machine has no {kind} device (try auto or cpu)")
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"run.device={name}: only {torch.cuda.device_count()} CUDA device(s)")
+        torch.cuda.set_device(device)
+    return device
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    owns_group: bool = False  # this run created the process group (and destroys it at the end)
+    grad_syncs: int = 0  # gradient all-reduce calls (DDP buckets): proves no_sync skips all but the last micro-batch
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.enabled:
+            dist.all_reduce(t, op=op)
+        return t
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj` (a list on every rank)."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def setup(device_name: str) -> Dist:
+    """This process's place in the job, from torchrun's environment; joins the process group if there is one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_name, local_rank)
+    owns = False
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
+        owns = True
+    return Dist(rank, world, local_rank, device, owns)
+
+
+# -- wrapping ----------------------------------------------------------------------------------------------------
+def wrap(model: nn.Module, strategy: str, d: Dist) -> nn.Module:
+    """The module to call for training: the model itself (1 process), a DDP wrapper, or the model sharded in place
+    by FSDP2's `fully_shard` (each of `model.blocks`, then the root). State dicts are always taken from `model`."""
+    if not d.enabled:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(d.device.type, (d.world,))
+        for block in getattr(model, "blocks", []):
+            fully_shard(block, mesh=mesh)  # one all-gather per block: only one block's full weights alive at a time
+        fully_shard(model, mesh=mesh)
+        return model
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+
+    def counted_allreduce(state, bucket):  # the default all-reduce, counted
+        d.grad_syncs += 1
+        return allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, counted_allreduce)
+    return ddp
+
+
+def grad_sync(module: nn.Module, enabled: bool):
+    """Context for one micro-batch's backward: skip the gradient all-reduce unless `enabled` (the last micro-batch
+    of an optimizer step). DDP: `no_sync()`; FSDP2: `set_requires_gradient_sync`."""
+    if hasattr(module, "no_sync"):
+        return contextlib.nullcontext() if enabled else module.no_sync()
+    if hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()
+
+
+# -- state dicts ---------------------------------------------------------------------------------------------------
+# One process: the plain state dicts, the optimizer's keyed by parameter name. Several: torch.distributed.checkpoint
+# gathers the same format (FULL: gathered, on CPU, kept by rank 0); it is imported only then, as it is slow to load.
+def _dcp():
+    from torch.distributed.checkpoint import state_dict as dcp
+
+    return dcp, dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _names(model: nn.Module, optimizer) -> list[str]:
+    """Parameter names in the order optimizer.state_dict() numbers the parameters."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def model_state(model: nn.Module, d: Dist) -> dict:
+    """The full model state dict on CPU, on rank 0 (a collective under FSDP: every rank calls it)."""
+    if not d.enabled:
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    dcp, full = _dcp()
+    return dcp.get_model_state_dict(model, options=full)
+
+
+def optimizer_state(model: nn.Module, optimizer, d: Dist) -> dict:
+    """The full optimizer state keyed by parameter *names* (not positions), so it loads into any strategy."""
+    if not d.enabled:
+        sd, names = optimizer.state_dict(), _names(model, optimizer)
+        return {"state": {names[i]: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+                          for i, s in sd["state"].items()},
+                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]]}
+    dcp, full = _dcp()
+    return dcp.get_optimizer_state_dict(model, optimizer, options=full)
+
+
+def load_model_state(model: nn.Module, state: dict, d: Dist) -> None:
+    if not d.enabled:
+        model.load_state_dict(state)
+        return
+    dcp, _ = _dcp()
+    dcp.set_model_state_dict(model, state, options=dcp.StateDictOptions(full_state_dict=True))
+
+
+def load_optimizer_state(model: nn.Module, optimizer, state: dict, d: Dist) -> None:
+    if not d.enabled:
+        index = {n: i for i, n in enumerate(_names(model, optimizer))}
+        optimizer.load_state_dict({"state": {index[n]: s for n, s in state["state"].items()},
+                                   "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                                                    for g in state["param_groups"]]})
+        return
+    dcp, _ = _dcp()
+    dcp.set_optimizer_state_dict(model, optimizer, state, options=dcp.StateDictOptions(full_state_dict=True))
+
+
+def local_norm(norm: torch.Tensor) -> torch.Tensor:
+    """clip_grad_norm_ returns a DTensor under FSDP2: the full value as a plain tensor."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

@@ -1,0 +1,123 @@
+"""Day 12 — the reusable training template, shown on every config it ships.
+
+The file you keep is train.py (README.md says how to adapt it). This demo runs it on each config in configs/: MNIST +
+MLP to the end (the G0 gate: > 98% test accuracy), the others capped at --max-steps optimizer steps, an image folder
+made of MNIST digits for configs/imagefolder.toml. Then one table: what each config reached, how fast, where.
+
+Run:    python day12_template/main.py                 (~2 min on a 2-core CPU; runs in day12_template/runs/demo)
+        python day12_template/main.py --quick         (every config capped at 20 steps: seconds each)
+        python day12_template/main.py --out day12_template/results      (refresh the committed summary)
+        python day12_template/main.py --make-digits runs/digits         (only write an example image folder)
+Gates:  python day12_template/check.py
+"""
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the template's modules, wherever it is run from
+
+import torch  # noqa: E402
+
+import config  # noqa: E402
+import data  # noqa: E402
+import models  # noqa: E402
+import train  # noqa: E402
+
+CONFIGS = ["synthetic_smoke", "mnist_mlp", "mnist_resnet", "fashion_mnist_resnet", "imagefolder"]
+FULL = {"synthetic_smoke", "mnist_mlp"}  # trained to the end; the others are capped
+
+
+def make_digits(root: Path, per_class: dict | None = None, mnist_root: str = "") -> Path:
+    """An image folder in the layout train.py expects (root/<split>/<class>/<n>.png), cut from MNIST."""
+    from PIL import Image
+
+    per_class = per_class or {"train": 100, "test": 20}
+    x, y, x_test, y_test = data.load_idx("mnist", mnist_root)
+    for split, n in per_class.items():
+        images, labels = (x, y) if split == "train" else (x_test, y_test)
+        for digit in range(10):
+            folder = root / split / str(digit)
+            folder.mkdir(parents=True, exist_ok=True)
+            for j, i in enumerate((labels == digit).nonzero().flatten()[:n].tolist()):
+                Image.fromarray(images[i, 0].numpy()).save(folder / f"{j:05d}.png")
+    return root
+
+
+def run_config(name: str, runs: Path, max_steps: int, digits: Path) -> dict:
+    """Train one shipped config (capped unless it is a FULL one); a missing dataset becomes a note, not a crash."""
+    overrides = [f"run.out_dir={runs / name}", f"data.root={digits}" if name == "imagefolder" else None,
+                 f"train.max_steps={max_steps}" if max_steps else None]
+    cfg = config.load(str(HERE / "configs" / f"{name}.toml"), [o for o in overrides if o])
+    shutil.rmtree(runs / name, ignore_errors=True)
+    row = {"config": name, "dataset": cfg.data.dataset, "model": cfg.model.name, "capped_at": max_steps or None}
+    t0 = time.perf_counter()
+    try:
+        result = train.run(cfg)
+    except data.DataError as exc:
+        return {**row, "skipped": str(exc)}
+    records = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in records if r["kind"] == "val"][-1]
+    splits = data.build(cfg.data, cfg.run.seed)
+    row["capped_at"] = max_steps if result["stopped_by"] == "max_steps" else None
+    return {**row, "params": models.count_params(models.build(cfg.model, splits.info)), "steps": result["step"],
+            "epochs_run": val["epoch"] + 1, "val_acc": val["val_acc"], "test_acc": result.get("test_acc"),
+            "wall_s": time.perf_counter() - t0,
+            "samples_per_s": max((r["samples_per_s"] for r in records if r["kind"] == "train"), default=None)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| config | dataset | model | parameters | optimizer steps | val acc | test acc (best.pt) | wall s |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['config']} | {r['dataset']} | {r['model']} | — | — | — | skipped: {r['skipped']} "
+                         f"| — |")
+            continue
+        epochs = f"{r['epochs_run']} epoch{'s' if r['epochs_run'] > 1 else ''}"
+        steps = f"{r['steps']} (capped)" if r["capped_at"] else f"{r['steps']} ({epochs})"
+        test = "—" if r["test_acc"] is None else f"{100 * r['test_acc']:.2f}%"
+        lines.append(f"| {r['config']} | {r['dataset']} | {r['model']} | {r['params']:,} | {steps} | "
+                     f"{100 * r['val_acc']:.2f}% | {test} | {r['wall_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--runs", type=Path, default=HERE / "runs" / "demo", help="where the runs go (wiped first)")
+    parser.add_argument("--out", type=Path, default=None, help="where summary.md/json go (default: --runs)")
+    parser.add_argument("--max-steps", type=int, default=150, help="cap for the configs not trained to the end")
+    parser.add_argument("--quick", action="store_true", help="cap every config at 20 steps")
+    parser.add_argument("--make-digits", type=Path, metavar="DIR", help="only write an example image folder")
+    args = parser.parse_args(argv)
+    if args.max_steps < 1:
+        parser.error(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.make_digits:
+        print(f"wrote {make_digits(args.make_digits)}/{{train,test}}/<digit>/*.png")
+        return []
+    out = args.out or args.runs
+    digits = make_digits(args.runs / "digits")
+    rows = []
+    for name in CONFIGS:
+        cap = 20 if args.quick else (0 if name in FULL else args.max_steps)
+        print(f"\n== {name}" + (f" (capped at {cap} steps)" if cap else ""), flush=True)
+        rows.append(run_config(name, args.runs, cap, digits))
+    text = table(rows)
+    machine = train.runlog.cpu_name() if not torch.cuda.is_available() else torch.cuda.get_device_name()
+    note = (f"\nMeasured by `python day12_template/main.py{' --quick' if args.quick else ''}` on {machine}, torch "
+            f"{torch.__version__}, {torch.get_num_threads()} thread(s); all configs in one process, one after "
+            f"another.\n")
+    print("\n" + text + note)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(text + "\n" + note)
+    (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"wrote {out / 'summary.md'} and summary.json")
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

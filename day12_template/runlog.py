@@ -1,0 +1,160 @@
+"""What a run leaves behind besides checkpoints, written by rank 0 only: the effective config (`config.toml`), run
+metadata (`run.json`: one entry per launch), `metrics.jsonl`, TensorBoard scalars (`tb/`), and the progress display.
+"""
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import config as config_mod
+
+
+def git_commit(folder: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def metadata(device: torch.device, world: int, resumed_from: str | None) -> dict:
+    return {"start": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": [sys.executable, *sys.argv], "git": git_commit(Path(__file__).resolve().parent),
+            "hostname": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+            "world_size": world, "resumed_from": resumed_from}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """A kill leaves the old file or the new one, never half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def previous_launches(path: Path) -> list[dict]:
+    """The launch history of a run folder (none for a resume into a new folder, or if the file is unreadable)."""
+    try:
+        return json.loads(path.read_text())["launches"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+class RunLog:
+    """Rank 0's files and screen; on other ranks every method does nothing."""
+
+    def __init__(self, run_dir: Path, cfg, active: bool, start_step: int, meta: dict):
+        self.run_dir, self.active, self.cfg, self.bar = Path(run_dir), active, cfg, None
+        if not active:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.run_dir / "config.toml", config_mod.dump_toml(cfg))
+        launches = previous_launches(self.run_dir / "run.json") if start_step else []
+        write_atomic(self.run_dir / "run.json", json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
+        # Records past the checkpoint came from work that is now redone: drop them.
+        kept = [r for r in read_metrics(self.run_dir) if r["step"] <= start_step and r["kind"] != "test"]
+        write_atomic(self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+        self.metrics = open(self.run_dir / "metrics.jsonl", "a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step + 1)
+        except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
+            self.tb = None
+
+    def record(self, kind: str, step: int, **values) -> None:
+        if not self.active:
+            return
+        if self.bar is not None and "loss" in values:
+            self.bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
+        self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+        self.metrics.flush()  # one write per line: a kill leaves at most one torn line, which readers skip
+        if self.tb:
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and name not in ("epoch", "step"):
+                    self.tb.add_scalar(f"{kind}/{name}", value, step)
+
+    def flush(self) -> None:
+        """Make the logs durable up to now (before each checkpoint, so they never lag it after a kill)."""
+        if self.active:
+            self.metrics.flush()
+            os.fsync(self.metrics.fileno())
+            if self.tb:
+                self.tb.flush()
+
+    def epoch_bar(self, epoch: int, total: int, done: int) -> None:
+        """A tqdm bar for this epoch: on a terminal (progress=auto) or always (bar); rank 0 only."""
+        mode = self.cfg.train.progress
+        if self.active and (mode == "bar" or mode == "auto" and sys.stderr.isatty()):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}",
+                            dynamic_ncols=True, leave=False)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update()
+
+    def say(self, text: str) -> None:
+        """A line on stdout (rank 0), above the bar."""
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def end_epoch(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def close(self) -> None:
+        if self.active:
+            self.end_epoch()
+            self.metrics.close()
+            if self.tb:
+                self.tb.close()
+
+
+def profiler(cfg, run_dir: Path):
+    """torch.profiler over `profile.steps` steps after `profile.start_step`; a Chrome trace in run_dir/profile/."""
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    prof = profile(activities=acts, schedule=schedule(wait=cfg.profile.start_step, warmup=1, active=cfg.profile.steps,
+                                                      repeat=1),
+                   on_trace_ready=tensorboard_trace_handler(str(run_dir / "profile")), record_shapes=True,
+                   profile_memory=True)
+    prof.start()
+    return prof
