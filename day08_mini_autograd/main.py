@@ -12,7 +12,6 @@ Gates:  python day08_mini_autograd/check.py
 Bench:  python day08_mini_autograd/bench.py
 """
 import argparse
-import json
 import math
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 
 from day08_mini_autograd import tensor_engine as te
 from day08_mini_autograd.engine import MLP, Value, propagate, topological_order
+from day08_mini_autograd.report import print_experiments, write_results
 from sprint.data import mnist_tensors
 
 OUT_DIR = Path(__file__).resolve().parent / "results"
@@ -156,6 +156,7 @@ def run_experiments(steps=300, lr=0.5, log_every=0):
     torch_end, ours_end = torch_xor_gradients(correct["params"])[1], engine_xor_gradients(correct["params"])[1]
     return {
         "xor": correct,
+        "probe_x": PROBE_X,
         "square_grad_exact": 2 * PROBE_X,
         "square_grad_correct": square_gradient(Value.backward),
         "square_grad_overwrite": square_gradient(backward_overwrite),
@@ -168,20 +169,6 @@ def run_experiments(steps=300, lr=0.5, log_every=0):
         "torch_grad_rel_error_trained": relative_error(ours_end, torch_end),
         "torch_loss_abs_diff_init": abs(ours_loss - torch_loss),
     }
-
-
-def print_experiments(r):
-    print(f"(1) '=' instead of '+=': d(x*x)/dx at x={PROBE_X:g} is {r['square_grad_overwrite']:g} instead of "
-          f"{r['square_grad_correct']:g} (the second path overwrites the first);")
-    print(f"    XOR final loss {r['xor_overwrite']['final_loss']:.4f} instead of {r['xor']['final_loss']:.4f}")
-    print(f"(2) no gradient reset: gradients pile up step after step; XOR final loss "
-          f"{r['xor_no_zero_grad']['final_loss']:.4f} (min along the way "
-          f"{min(r['xor_no_zero_grad']['losses']):.4f}) instead of {r['xor']['final_loss']:.4f}")
-    print(f"(3) no topological order: on the diamond y=(u+1)*(2u), u=x*x, dy/dx at x={PROBE_X:g} is "
-          f"{r['diamond_grad_no_topological']:g}; in topological order {r['diamond_grad_topological']:g} "
-          f"(exact {r['diamond_grad_exact']:g})")
-    print(f"(4) the same net in torch: gradient relative error {r['torch_grad_rel_error_init']:.1e} at the start, "
-          f"{r['torch_grad_rel_error_trained']:.1e} after training")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -233,31 +220,6 @@ def train_mnist(epochs=3, hidden=256, batch_size=128, lr=2e-3, seed=0, train_lim
             "n_train": len(x_train), "n_test": len(x_test)}
 
 
-# ------------------------------------------------------------------------------------------------------------
-def plot(experiments, mnist, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in [("xor", "correct"), ("xor_overwrite", "(1) '=' instead of '+='"),
-                       ("xor_no_zero_grad", "(2) no gradient reset")]:
-        ax1.semilogy(experiments[key]["losses"], label=label)
-    ax1.axhline(0.01, color="gray", ls="--", label="gate: 0.01")
-    ax1.set(title="XOR, 2-2-1 tanh net, scalar engine", xlabel="step", ylabel="MSE (log scale)")
-    ax1.legend()
-    epochs = [h["epoch"] for h in mnist["history"]]
-    ax2.plot(epochs, [100 * h["test_acc"] for h in mnist["history"]], "o-")
-    ax2.axhline(97, color="gray", ls="--", label="gate: 97%")
-    ax2.set(title=f"MNIST, 784-{mnist['hidden']}-10 MLP, NumPy Tensor engine", xlabel="epoch",
-            ylabel="test accuracy (%)", xticks=epochs)
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--xor-steps", type=int, default=300)
@@ -291,13 +253,7 @@ def main(argv=None):
     print(f"  test accuracy {100 * mnist['test_acc']:.2f}% on {mnist['n_test']:,} images after "
           f"{mnist['train_s']:.1f} s")
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(experiments, mnist, args.out / "day08.png")
-    summary = {k: v for k, v in experiments.items() if not isinstance(v, dict)}
-    summary |= {f"{k}_final_loss": experiments[k]["final_loss"] for k in ("xor", "xor_overwrite", "xor_no_zero_grad")}
-    summary["mnist"] = mnist
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out / 'day08.png'} and summary.json")
+    write_results(args.out, experiments, mnist)
     return {"experiments": experiments, "mnist": mnist}
 
 
