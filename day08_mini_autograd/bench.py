@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import numpy as np
 
 from day08_mini_autograd import tensor_engine as te
-from day08_mini_autograd.engine import MLP, Value
+from day08_mini_autograd.engine import Value
+from day08_mini_autograd.nn import MLP
 
 
 def peak_rss_mb():

@@ -12,7 +12,6 @@ Two choices differ from the classic closure-based engine, and both are about sca
 - An iterative topological sort, so a chain of 100,000 operations does not hit Python's recursion limit.
 """
 import math
-import random
 
 
 class Value:
@@ -119,35 +118,3 @@ def topological_order(root):
         else:  # ... and emit the node once all of its inputs have been emitted
             order.append(stack.pop())
     return order
-
-
-class MLP:
-    """Layers of scalar neurons `act(w . x + b)`; the last layer is linear unless `act_last`."""
-
-    def __init__(self, n_in, sizes, act="relu", act_last=False, seed=0):
-        if act not in ("relu", "tanh"):
-            raise ValueError(f"unknown activation {act!r}; use 'relu' or 'tanh'")
-        rng = random.Random(seed)
-        dims = [n_in, *sizes]
-        # layers[l][j] = [w_1, ..., w_n, b] of neuron j in layer l
-        self.layers = [[[Value(rng.uniform(-1, 1)) for _ in range(fan_in)] + [Value(0.0)] for _ in range(fan_out)]
-                       for fan_in, fan_out in zip(dims[:-1], dims[1:])]
-        self.act, self.act_last = act, act_last
-
-    def __call__(self, x):
-        for i, layer in enumerate(self.layers):
-            activate = i < len(self.layers) - 1 or self.act_last
-            x = [self._neuron(neuron, x, activate) for neuron in layer]
-        return x
-
-    def _neuron(self, neuron, x, activate):
-        *w, b = neuron
-        z = sum((wi * xi for wi, xi in zip(w, x)), b)
-        return (z.relu() if self.act == "relu" else z.tanh()) if activate else z
-
-    def parameters(self):
-        return [p for layer in self.layers for neuron in layer for p in neuron]
-
-    def zero_grad(self):
-        for p in self.parameters():
-            p.grad = 0.0

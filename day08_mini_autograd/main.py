@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from day08_mini_autograd import tensor_engine as te
-from day08_mini_autograd.engine import MLP, Value, propagate, topological_order
+from day08_mini_autograd.engine import Value, propagate, topological_order
+from day08_mini_autograd.nn import MLP
 from day08_mini_autograd.report import print_experiments, write_results
 from sprint.data import mnist_tensors
 
