@@ -24,8 +24,9 @@ class MLP:
         return x
 
     def _neuron(self, neuron, x, activate):
-        *w, b = neuron
-        z = sum((wi * xi for wi, xi in zip(w, x)), b)
+        z = neuron[-1]  # the bias, then + w_i * x_i (zip stops at the shorter x, so the bias is not paired)
+        for w, xi in zip(neuron, x):
+            z = z + w * xi
         return (z.relu() if self.act == "relu" else z.tanh()) if activate else z
 
     def parameters(self):
