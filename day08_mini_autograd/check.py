@@ -354,15 +354,21 @@ def test_main_writes_plot_and_summary(default_run):
     assert summary["machine"] and summary["mnist"]["test_acc"] == default_run[0]["mnist"]["test_acc"]
 
 
-def test_bench_script_runs_in_quick_mode():
-    result = bench.main(["--quick"])
-    assert result["scalar"]["steps"] == 2 and result["tensor"]["ratio"] > 0
+def test_bench_runs_without_micrograd_installed_and_both_engines_compute_the_same_losses(tmp_path):
+    result = bench.main(["--steps", "2", "--points", "8", "--rounds", "1", "--tensor-steps", "1",
+                         "--out", str(tmp_path)])
+    assert {(r["engine"], r["collector"]) for r in result["scalar"]["runs"]} == {
+        ("ours", "default"), ("ours", "paused per step"), ("micrograd", "default"), ("micrograd", "paused per step")}
+    gates.check("scalar demo, this engine vs micrograd 0.1.0: largest relative loss gap",
+                result["scalar"]["max_relative_loss_gap"], "<", 1e-12)
+    assert (tmp_path / "bench.json").exists() and (tmp_path / "bench.md").exists()
 
 
 BAD_FLAGS = {
     "main": [["--epochs", "0"], ["--xor-steps", "0"], ["--hidden", "-3"], ["--batch-size", "0"], ["--lr", "-1"],
              ["--lr", "nan"], ["--xor-lr", "inf"], ["--seed", "-1"], ["--train-subset", "0"],
              ["--train-subset", "70000"], ["--test-subset", "-5"], ["--epochs", "two"], ["--smoke"]],
+    "bench": [["--steps", "0"], ["--points", "1"], ["--rounds", "0"], ["--tensor-steps", "-1"], ["--quick"]],
 }
 
 
@@ -371,16 +377,17 @@ BAD_FLAGS = {
 def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(script, argv, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
-        {"main": day.main}[script]([*argv, "--out", str(out)])
+        {"main": day.main, "bench": bench.main}[script]([*argv, "--out", str(out)])
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert exc.value.code == 2 and len(errors) == 1 and not out.exists(), (exc.value.code, errors)
 
 
 def test_an_out_folder_under_a_file_is_refused_before_any_work(tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    with pytest.raises(SystemExit) as exc:
-        day.main(["--out", str(tmp_path / "file" / "out")])
-    assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+    for script in (day.main, bench.main):
+        with pytest.raises(SystemExit) as exc:
+            script(["--out", str(tmp_path / "file" / "out")])
+        assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------------------
