@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from day09_cnn import main as day
+from day09_cnn import report
+from sprint import data
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -27,7 +29,8 @@ def default_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("day09_smoke")
-    return day.main(["--train-subset", "256", "--test-subset", "200", "--epochs", "1", "--out", str(out)]), out
+    return day.main(["--train-subset", "256", "--test-subset", "200", "--val-size", "500", "--epochs", "1",
+                     "--out", str(out)]), out
 
 
 @pytest.mark.slow
@@ -93,11 +96,76 @@ def test_residual_first_layer_gradient_exceeds_plain_by_orders_of_magnitude():
     gates.check("depth 40: min over 5 seeds of residual/plain grad norm", worst, ">=", 100)
 
 
+def test_training_never_reads_the_test_set(monkeypatch):
+    """The schedule is chosen on validation images: `train()` must not even load the test split."""
+    real = data.mnist_tensors
+
+    def guarded(train=True, *args, **kwargs):
+        assert train, "train() loaded the test set"
+        return real(train, *args, **kwargs)
+
+    monkeypatch.setattr(data, "mnist_tensors", guarded)
+    monkeypatch.setattr(day, "mnist_tensors", guarded)
+    result = day.train(day.Config(epochs=1, train_subset=256, val_size=256), log=lambda *_: None)
+    assert [sorted(row) for row in result["history"]] == [["elapsed_s", "epoch", "train_loss", "val_acc", "val_loss"]]
+    assert result["n_val"] == 256
+
+
+def fake_run(test_errors: int, params: int, wall_s: float, epochs: int) -> dict:
+    return {"test_acc": 1 - test_errors / 10_000, "test_errors": test_errors, "n_test": 10_000, "params": params,
+            "wall_s": wall_s, "epochs": epochs, "n_val": 5000, "config": {"schedule": "onecycle", "lr": 0.1},
+            "history": [{"val_acc": 0.95}, {"val_acc": 0.97}]}
+
+
+GRADS = {"depths": [40], "seeds": [0], "residual": [[1e5]], "plain": [[1e-13]]}
+
+
+def test_conclusion_says_the_mlp_won_when_the_resnet_makes_more_errors():
+    lines = report.conclusion(fake_run(568, 77_754, 30.0, 2), fake_run(96, 408_074, 14.0, 8), GRADS)
+    text = "\n".join(lines)
+    assert "568 wrong, the MLP 96: 5.9x more errors for the CNN: the MLP wins this run" in lines[2], lines[2]
+    assert "Width won this run (4.72 points)" in lines[6] and "favours the MLP" in lines[9]
+    assert "fewer errors" not in text and "beats width" not in text and "pick the architecture" not in text
+    assert "5.2x fewer parameters" in lines[3] and "-4.72 accuracy points" in lines[9]
+
+
+def test_conclusion_calls_a_tie_a_tie_and_a_win_a_win():
+    tie = report.conclusion(fake_run(100, 77_754, 30.0, 2), fake_run(100, 408_074, 14.0, 8), GRADS)
+    assert "the same number: a tie" in tie[2] and "a tie on the test set" in tie[9]
+    win = report.conclusion(fake_run(66, 77_754, 30.0, 2), fake_run(158, 408_074, 14.0, 8), GRADS)
+    assert "2.4x fewer errors for the CNN" in win[2] and "Inductive bias beats width" in win[6]
+    assert "2.1x more training time" in win[9] and "2.1x more wall time" in win[7]
+
+
 def test_bad_config_is_rejected_with_a_clear_error():
-    with pytest.raises(ValueError, match="epochs must be > 0"):
+    with pytest.raises(ValueError, match="--epochs must be > 0"):
         day.Config(epochs=0)
-    with pytest.raises(ValueError, match="widths"):
+    with pytest.raises(ValueError, match="--widths must be > 0"):
         day.Config(widths=(16, 0))
+
+
+BAD_FLAGS = [["--epochs", "0"], ["--batch-size", "0"], ["--lr", "-0.1"], ["--lr", "nan"], ["--momentum", "1"],
+             ["--weight-decay", "-1"], ["--widths", "16", "0"], ["--schedule", "cosine"], ["--seed", "-1"],
+             ["--val-size", "60000"], ["--train-subset", "100"], ["--test-subset", "20000"], ["--device", "gpu"],
+             ["--epochs", "two"], ["--bogus"]]
+if not torch.cuda.is_available():
+    BAD_FLAGS.append(["--device", "cuda"])  # absent here: refused before any data is loaded
+
+
+@pytest.mark.parametrize("argv", BAD_FLAGS, ids=[" ".join(a) for a in BAD_FLAGS])
+def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(argv, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        day.main([*argv, "--out", str(out)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exc.value.code == 2 and len(errors) == 1 and not out.exists(), (exc.value.code, errors)
+
+
+def test_an_unwritable_out_is_refused_before_training(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        day.main(["--out", str(tmp_path / "file" / "out")])
+    assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
 
 
 if __name__ == "__main__":
