@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from day09_cnn import main as day
+from day09_cnn import norms_lab as lab
 from day09_cnn import report
 from sprint import data
 from sprint.gates import Gates, run_this_file
@@ -166,6 +167,63 @@ def test_an_unwritable_out_is_refused_before_training(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         day.main(["--out", str(tmp_path / "file" / "out")])
     assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The normalisation lab (norms_lab.py at its defaults, without the timing)
+# ------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def norms():
+    return lab.run_lab(lab.Config(norms=("BatchNorm", "GroupNorm", "LayerNorm"), timing=False))
+
+
+def test_batchnorm_output_depends_on_the_batch_in_train_mode_only(norms):
+    d = norms["batch_dependence"]
+    gates.check("BatchNorm, train mode: max change of sample 0's logits when its batch-mates change",
+                d["sample_change_train"], ">", 0.1)
+    gates.check("BatchNorm, eval mode: the same change", d["sample_change_eval"], "<=", 1e-6)
+    gates.check("BatchNorm: train-mode vs eval-mode logits of one batch, max difference", d["train_vs_eval"], ">", 0.1)
+
+
+def test_a_batch_of_one_in_train_mode_raises_the_real_error(norms):
+    one = norms["batch_of_one"]
+    assert (one["train_error"] or "").startswith("Expected more than 1 value per channel when training"), one
+    assert one["eval_output_shape"] == [1, 10] and one["layernorm_train_output_shape"] == [1, 10]
+
+
+def test_a_validation_pass_left_in_train_mode_costs_accuracy(norms):
+    f = norms["forgotten_eval"]
+    gates.check("validation accuracy lost after a train-mode pass over label-sorted batches of 64 (points)",
+                100 * (f["clean"] - f["after_sorted"]), ">=", 3)
+    gates.check("running statistics changed by an eval-mode validation pass", f["eval_pass_stats_change"], "==", 0)
+
+
+def test_batchnorm_needs_a_real_batch_and_groupnorm_and_layernorm_do_not(norms):
+    def acc(norm, batch):
+        return 100 * lab.accuracy_of(norms, norm, batch)
+
+    gates.check("batch 2: worse of GroupNorm/LayerNorm minus BatchNorm, validation accuracy (points)",
+                min(acc("GroupNorm", 2), acc("LayerNorm", 2)) - acc("BatchNorm", 2), ">=", 10)
+    gates.check("batch 128: BatchNorm minus the better of GroupNorm/LayerNorm (points)",
+                acc("BatchNorm", 128) - max(acc("GroupNorm", 128), acc("LayerNorm", 128)), ">=", -1)
+
+
+def test_rmsnorm_in_four_lines_equals_torch_rmsnorm(norms):
+    gates.check("RMSNorm (ours) vs torch.nn.RMSNorm: max |difference| of output and gradients",
+                norms["rmsnorm_max_diff"], "<=", 1e-6)
+
+
+LAB_BAD_FLAGS = [["--steps", "0"], ["--batch-sizes", "1", "128"], ["--hidden", "60"], ["--norms", "BatchNorm"],
+                 ["--norms", "BatchNorm", "LayerNorm", "WeightNorm"], ["--lr", "nan"], ["--seed", "-2"]]
+
+
+@pytest.mark.parametrize("argv", LAB_BAD_FLAGS, ids=[" ".join(a) for a in LAB_BAD_FLAGS])
+def test_a_bad_lab_flag_exits_2_with_one_line_and_creates_nothing(argv, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        lab.main([*argv, "--out", str(out)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exc.value.code == 2 and len(errors) == 1 and not out.exists(), (exc.value.code, errors)
 
 
 if __name__ == "__main__":
