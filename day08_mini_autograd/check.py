@@ -51,6 +51,11 @@ BINARY = {
 }
 
 
+def test_tolerance_is_element_wise_so_an_error_in_a_small_element_counts():
+    # Relative to the largest element this error is 1e-9; element-wise it is 0.1% of the small gradient.
+    assert day.tolerance_used([1.0, 1.001e-6], [1.0, 1e-6]) > 1 >= day.tolerance_used([1.0, 1e-6], [1.0, 1e-6])
+
+
 def torch_leaves(arrays):
     return [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in arrays]
 
