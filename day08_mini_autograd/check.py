@@ -360,7 +360,7 @@ def test_main_writes_plot_and_summary(default_run):
 
 
 def test_bench_runs_without_micrograd_installed_and_both_engines_compute_the_same_losses(tmp_path):
-    result = bench.main(["--steps", "2", "--points", "8", "--rounds", "1", "--tensor-steps", "1",
+    result = bench.main(["--steps", "2", "--points", "8", "--heaps", "numpy", "--rounds", "1", "--tensor-steps", "1",
                          "--out", str(tmp_path)])
     assert {(r["engine"], r["collector"]) for r in result["scalar"]["runs"]} == {
         ("ours", "default"), ("ours", "paused per step"), ("micrograd", "default"), ("micrograd", "paused per step")}
@@ -373,7 +373,8 @@ BAD_FLAGS = {
     "main": [["--epochs", "0"], ["--xor-steps", "0"], ["--hidden", "-3"], ["--batch-size", "0"], ["--lr", "-1"],
              ["--lr", "nan"], ["--xor-lr", "inf"], ["--seed", "-1"], ["--train-subset", "0"],
              ["--train-subset", "70000"], ["--test-subset", "-5"], ["--epochs", "two"], ["--smoke"]],
-    "bench": [["--steps", "0"], ["--points", "1"], ["--rounds", "0"], ["--tensor-steps", "-1"], ["--quick"]],
+    "bench": [["--steps", "0"], ["--points", "1"], ["--rounds", "0"], ["--tensor-steps", "-1"], ["--heaps", "jax"],
+              ["--quick"]],
 }
 
 
