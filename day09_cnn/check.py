@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import pytest
 import torch
 
+from day09_cnn import bench
 from day09_cnn import main as day
 from day09_cnn import norms_lab as lab
 from day09_cnn import report
@@ -145,19 +146,25 @@ def test_bad_config_is_rejected_with_a_clear_error():
         day.Config(widths=(16, 0))
 
 
-BAD_FLAGS = [["--epochs", "0"], ["--batch-size", "0"], ["--lr", "-0.1"], ["--lr", "nan"], ["--momentum", "1"],
+BAD_FLAGS = {
+    "main": [["--epochs", "0"], ["--batch-size", "0"], ["--lr", "-0.1"], ["--lr", "nan"], ["--momentum", "1"],
              ["--weight-decay", "-1"], ["--widths", "16", "0"], ["--schedule", "cosine"], ["--seed", "-1"],
              ["--val-size", "60000"], ["--train-subset", "100"], ["--test-subset", "20000"], ["--device", "gpu"],
-             ["--epochs", "two"], ["--bogus"]]
+             ["--epochs", "two"], ["--bogus"]],
+    "norms_lab": [["--steps", "0"], ["--batch-sizes", "1", "128"], ["--hidden", "60"], ["--norms", "BatchNorm"],
+                  ["--norms", "BatchNorm", "LayerNorm", "WeightNorm"], ["--lr", "nan"], ["--seed", "-2"]],
+    "bench": [["--lrs", "0"], ["--schedules", "cosine"], ["--seeds", "-1"], ["--epochs", "0"]],
+}
 if not torch.cuda.is_available():
-    BAD_FLAGS.append(["--device", "cuda"])  # absent here: refused before any data is loaded
+    BAD_FLAGS["main"].append(["--device", "cuda"])  # absent here: refused before any data is loaded
+CASES = [(script, argv) for script, cases in BAD_FLAGS.items() for argv in cases]
 
 
-@pytest.mark.parametrize("argv", BAD_FLAGS, ids=[" ".join(a) for a in BAD_FLAGS])
-def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(argv, tmp_path, capsys):
+@pytest.mark.parametrize("script, argv", CASES, ids=[f"{script}:{' '.join(argv)}" for script, argv in CASES])
+def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(script, argv, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
-        day.main([*argv, "--out", str(out)])
+        {"main": day.main, "norms_lab": lab.main, "bench": bench.main}[script]([*argv, "--out", str(out)])
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert exc.value.code == 2 and len(errors) == 1 and not out.exists(), (exc.value.code, errors)
 
@@ -211,19 +218,6 @@ def test_batchnorm_needs_a_real_batch_and_groupnorm_and_layernorm_do_not(norms):
 def test_rmsnorm_in_four_lines_equals_torch_rmsnorm(norms):
     gates.check("RMSNorm (ours) vs torch.nn.RMSNorm: max |difference| of output and gradients",
                 norms["rmsnorm_max_diff"], "<=", 1e-6)
-
-
-LAB_BAD_FLAGS = [["--steps", "0"], ["--batch-sizes", "1", "128"], ["--hidden", "60"], ["--norms", "BatchNorm"],
-                 ["--norms", "BatchNorm", "LayerNorm", "WeightNorm"], ["--lr", "nan"], ["--seed", "-2"]]
-
-
-@pytest.mark.parametrize("argv", LAB_BAD_FLAGS, ids=[" ".join(a) for a in LAB_BAD_FLAGS])
-def test_a_bad_lab_flag_exits_2_with_one_line_and_creates_nothing(argv, tmp_path, capsys):
-    out = tmp_path / "out"
-    with pytest.raises(SystemExit) as exc:
-        lab.main([*argv, "--out", str(out)])
-    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert exc.value.code == 2 and len(errors) == 1 and not out.exists(), (exc.value.code, errors)
 
 
 if __name__ == "__main__":
