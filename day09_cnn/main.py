@@ -84,7 +84,7 @@ class ResNet(nn.Module):
 class Config:
     epochs: int = arg(2, "ResNet epochs (the MLP keeps Day 4's own recipe)", gt=0)
     batch_size: int = arg(128, "ResNet batch size", gt=0)
-    lr: float = arg(0.1, "peak learning rate (SGD + Nesterov momentum)", gt=0)
+    lr: float = arg(0.2, "peak learning rate (SGD + Nesterov momentum), chosen by `bench.py --tune`", gt=0)
     schedule: str = arg("onecycle", "learning-rate schedule over all steps", choices=("onecycle", "linear", "constant"))
     momentum: float = arg(0.9, "SGD momentum", ge=0, lt=1)
     weight_decay: float = arg(5e-4, "L2 weight decay", ge=0)

@@ -10,6 +10,9 @@ from sprint import machine
 from sprint.plots import save, subplots
 
 
+SCHEDULE_NAMES = {"onecycle": "one-cycle", "linear": "linear-decay", "constant": "constant-LR"}
+
+
 def times(a: float, b: float, more: str = "more", fewer: str = "fewer") -> str:
     """`a` relative to `b` as a ratio of at least 1: "2.4x fewer", "1.3x more" or "as many"."""
     if a == b:
@@ -56,7 +59,8 @@ def conclusion(res: dict, mlp: dict, grads: dict) -> list[str]:
         f"6. ResNet validation accuracy after each epoch: {val} ({res['n_val']:,} training images held out; the "
         f"schedule was chosen on them, the test set was scored once, at the end).",
         f"7. {bias}",
-        f"8. BatchNorm plus a {res['config']['schedule']} schedule (peak LR {res['config']['lr']:g}, SGD + Nesterov); "
+        f"8. BatchNorm plus a {SCHEDULE_NAMES[res['config']['schedule']]} schedule (peak LR {res['config']['lr']:g}, "
+        f"SGD + Nesterov); "
         f"the whole ResNet run took {times(res['wall_s'], mlp['wall_s'], 'more', 'less')} wall time than the MLP's.",
         f"9. Residual connections: in a {grads['depths'][deep]}-layer Linear+ReLU stack the first layer's gradient "
         f"norm is >= {g_res:.1e} with the identity path, <= {g_plain:.1e} without ({len(grads['seeds'])} seeds).",
