@@ -15,7 +15,7 @@ name it, and the README quotes ratios measured in one run.
 
 Run:  python day08_mini_autograd/bench.py                                  (writes runs/day08_mini_autograd/)
       python day08_mini_autograd/bench.py --out day08_mini_autograd/results  (refreshes the committed figures)
-      python day08_mini_autograd/bench.py --steps 2 --points 10 --rounds 1 --tensor-steps 2   (checks that it runs)
+      python day08_mini_autograd/bench.py --steps 2 --points 10 --heaps numpy --rounds 1 --tensor-steps 2
 """
 import contextlib
 import gc
@@ -178,6 +178,7 @@ def compare_engines(cfg):
     for w in workers:
         w["conn"].send(None)
         w |= w.pop("conn").recv()
+        # the mean, not the median: the collector's cost comes in bursts (a full pass every few steps)
         runs.append(w | {"steps": cfg.steps, "ms_per_step": 1e3 * w["seconds"] / cfg.steps,
                          "gc_share": w["gc_seconds"] / w["seconds"]})
     ms = {(r["heap"], r["engine"], r["collector"]): r["ms_per_step"] for r in runs}
