@@ -359,12 +359,13 @@ def test_main_writes_plot_and_summary(default_run):
     assert summary["machine"] and summary["mnist"]["test_acc"] == default_run[0]["mnist"]["test_acc"]
 
 
-def test_bench_runs_without_micrograd_installed_and_both_engines_compute_the_same_losses(tmp_path):
+def test_bench_runs_without_micrograd_installed_and_the_engines_compute_the_same_losses(tmp_path):
     result = bench.main(["--steps", "2", "--points", "8", "--heaps", "numpy", "--rounds", "1", "--tensor-steps", "1",
                          "--out", str(tmp_path)])
     assert {(r["engine"], r["collector"]) for r in result["scalar"]["runs"]} == {
-        ("ours", "default"), ("ours", "paused per step"), ("micrograd", "default"), ("micrograd", "paused per step")}
-    gates.check("scalar demo, this engine vs micrograd 0.1.0: largest relative loss gap",
+        ("ours", "default"), ("ours", "paused per step"), ("micrograd", "default"), ("micrograd", "paused per step"),
+        ("tensor", "default")}
+    gates.check("the demo's losses, this engine and the Tensor engine vs micrograd 0.1.0: largest relative gap",
                 result["scalar"]["max_relative_loss_gap"], "<", 1e-12)
     assert (tmp_path / "bench.json").exists() and (tmp_path / "bench.md").exists()
 

@@ -183,7 +183,8 @@ def rmsnorm_vs_torch(dim: int = 64, seed: int = 0) -> float:
 def rmsnorm_vs_layernorm_speed(rows: int = 4096, dim: int = 1024) -> dict:
     """Median forward time of LayerNorm, torch's RMSNorm and ours on one (rows, dim) float32 tensor."""
     x = torch.randn(rows, dim)
-    modules = {"LayerNorm": nn.LayerNorm(dim), "torch.nn.RMSNorm": nn.RMSNorm(dim, eps=1e-6), "RMSNorm (ours)": RMSNorm(dim)}
+    modules = {"LayerNorm": nn.LayerNorm(dim), "torch.nn.RMSNorm": nn.RMSNorm(dim, eps=1e-6),
+               "RMSNorm (ours)": RMSNorm(dim)}
     with torch.no_grad():
         ms = {name: 1e3 * median_seconds(lambda m=m: m(x), repeat=10, warmup=2) for name, m in modules.items()}
     return {"shape": [rows, dim], "ms": ms, "threads": torch.get_num_threads()}
