@@ -1,37 +1,61 @@
-"""Day 8 benchmarks, in one run: the scalar engine's classic demo, and the Tensor engine's step vs PyTorch.
+"""Day 8 benchmarks, measured in one run and written to `bench.json` + `bench.md`.
 
-1. Scalar engine: MLP(2, [16, 16, 1]) trained full-batch on 100 two-moons points for 100 steps with an SVM
-   (hinge) loss + L2, as in micrograd's demo; wall time, time spent in Python's garbage collector (which stays
-   enabled), and peak RSS along the way — flat, because every graph is freed by reference counting.
-2. Tensor engine vs PyTorch on CPU: the same 784-256-10 MLP, batch 128, float32, cross-entropy + Adam; the
-   median step time of each (interleaved rounds, so background load hits both alike) and their ratio.
+1. The scalar engine against micrograd 0.1.0 on micrograd's own demo: MLP(2, [16, 16, 1]), two-moons points, full
+   batch, SVM (hinge) loss + 1e-4 L2, lr 1.0 -> 0.1, the same initial weights and the same number of steps. Each
+   engine runs in fresh processes: with Python's default garbage-collector settings and with the collector paused
+   during each step, in a process holding only NumPy and in one that has also imported torch (a full collection
+   scans every tracked object in the process). Time per step, share of it inside the collector, peak memory.
+   Both engines compute the same losses, which the bench checks.
+2. The Tensor engine's training step against PyTorch's on CPU: 784-256-10 MLP, batch 128, float32, cross-entropy +
+   Adam; the median step time of each (`sprint.measure.median_seconds`, interleaved rounds) and their ratio.
 
-Run:  python day08_mini_autograd/bench.py            (about a minute on a quiet 2-core CPU)
-      python day08_mini_autograd/bench.py --quick    (seconds; checks that it runs)
-      python day08_mini_autograd/bench.py --torch-first   (the scalar demo with torch already imported)
+micrograd: the installed package if it is version 0.1.0 (`pip install micrograd==0.1.0`; not in the lock file),
+otherwise the faithful copy in `micrograd_0_1_0.py` (MIT licence). Timings depend on the machine: the results
+name it, and the README quotes ratios measured in one run.
+
+Run:  python day08_mini_autograd/bench.py                                  (writes runs/day08_mini_autograd/)
+      python day08_mini_autograd/bench.py --out day08_mini_autograd/results  (refreshes the committed figures)
+      python day08_mini_autograd/bench.py --steps 2 --points 10 --heaps numpy --rounds 1 --tensor-steps 2
 """
-import argparse
+import contextlib
 import gc
+import json
+import multiprocessing
+import platform
+import random
 import resource
 import statistics
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
 
 import numpy as np
 
-from day08_mini_autograd import tensor_engine as te
-from day08_mini_autograd.engine import MLP, Value
+from day08_mini_autograd import engine, nn
+from sprint import machine, runs_dir
+from sprint.cli import arg, parse, progress, run, validate
+
+SEED = 1337  # micrograd's demo seeds `random` with 1337; both engines draw the same initial weights from it
 
 
-def peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+@dataclass
+class Config:
+    steps: int = arg(20, "training steps of the scalar demo, the same for every engine", gt=0)
+    points: int = arg(100, "two-moons points (the demo's full batch)", ge=2)
+    heaps: tuple[str, ...] = arg(("numpy", "torch"), "what else each demo process imports besides the engine",
+                                 choices=("numpy", "torch"))
+    tensor_steps: int = arg(50, "timed calls per round of the Tensor-engine and PyTorch steps", gt=0)
+    rounds: int = arg(5, "interleaved timing rounds (engine, torch, engine, ...)", gt=0)
+
+    def __post_init__(self):
+        validate(self)
 
 
 # ------------------------------------------------------------------------------------------------------------
-# 1. Scalar engine on the classic demo
+# 1. The scalar demo
 # ------------------------------------------------------------------------------------------------------------
 def make_moons(n=100, noise=0.1, seed=0):
     """Two interleaving half circles (labels -1/+1), like sklearn's make_moons, in NumPy."""
@@ -42,18 +66,88 @@ def make_moons(n=100, noise=0.1, seed=0):
     return x + rng.normal(0, noise, x.shape), np.where(upper, -1.0, 1.0)
 
 
+def micrograd():
+    """(module, where it came from): the installed micrograd if it is 0.1.0, else the bundled copy."""
+    try:
+        from importlib.metadata import version
+
+        if version("micrograd") == "0.1.0":
+            import micrograd.engine
+            import micrograd.nn
+
+            micrograd.nn.Value = micrograd.engine.Value
+            return micrograd.nn, "micrograd 0.1.0, installed package"
+    except ImportError:  # PackageNotFoundError is an ImportError too
+        pass
+    from day08_mini_autograd import micrograd_0_1_0
+
+    return micrograd_0_1_0, "micrograd 0.1.0, bundled copy (micrograd_0_1_0.py)"
+
+
+def demo_model(name):
+    """(model, Value class) with the demo's initial weights: uniform(-1, 1) drawn in the same order by both."""
+    if name == "ours":
+        return nn.MLP(2, [16, 16, 1], seed=SEED), engine.Value
+    mg, _ = micrograd()
+    random.seed(SEED)
+    return mg.MLP(2, [16, 16, 1]), mg.Value
+
+
+def svm_step(model, value, x, y, lr, alpha=1e-4):
+    """micrograd's demo loop, written once for both engines: hinge loss + L2, backward, SGD."""
+    scores = [model([value(a), value(b)]) for a, b in x]
+    scores = [s[0] if isinstance(s, list) else s for s in scores]  # our MLP returns a list of outputs
+    losses = [(1 + -yi * s).relu() for yi, s in zip(y, scores)]
+    data_loss = sum(losses) * (1.0 / len(losses))
+    loss = data_loss + alpha * sum(p * p for p in model.parameters())
+    model.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        p.data -= lr * p.grad
+    return loss.data, sum((s.data > 0) == (yi > 0) for yi, s in zip(y, scores)) / len(y)
+
+
+def tensor_demo(x, y):
+    """The same demo on the Tensor engine: the same initial weights laid out as matrices, float64, the same loss.
+    Fewer, bigger nodes: a step builds a few dozen nodes instead of ~66,000."""
+    from day08_mini_autograd import tensor_engine as te
+
+    scalar_net = nn.MLP(2, [16, 16, 1], seed=SEED)
+    params = []
+    for layer in scalar_net.layers:  # layer[j] = [w_1j, ..., w_nj, b_j]
+        params.append(te.Tensor([[neuron[i].data for neuron in layer] for i in range(len(layer[0]) - 1)],
+                                requires_grad=True))
+        params.append(te.Tensor([neuron[-1].data for neuron in layer], requires_grad=True))
+    x, y = te.Tensor(x), np.asarray(y).reshape(-1, 1)
+
+    def step(lr, alpha=1e-4):
+        h = x
+        for i in range(0, len(params), 2):
+            h = h @ params[i] + params[i + 1]
+            h = h.relu() if i < len(params) - 2 else h
+        loss = (1 - h * y).relu().mean() + alpha * sum((p * p).sum() for p in params)
+        for p in params:
+            p.grad = None
+        loss.backward()
+        for p in params:
+            p.data -= lr * p.grad
+        return float(loss.data), float(((h.data > 0) == (y > 0)).mean())
+
+    return step
+
+
 class GcTimer:
-    """Adds up the time Python's garbage collector runs, via `gc.callbacks` (the collector stays on)."""
+    """Adds up the time Python's garbage collector runs, via `gc.callbacks` (it changes nothing else)."""
 
     def __init__(self):
-        self.seconds, self.collections = 0.0, 0
+        self.seconds, self.passes = 0.0, 0
 
     def __call__(self, phase, info):
         if phase == "start":
             self._start = time.perf_counter()
         else:
             self.seconds += time.perf_counter() - self._start
-            self.collections += 1
+            self.passes += 1
 
     def __enter__(self):
         gc.callbacks.append(self)
@@ -63,46 +157,88 @@ class GcTimer:
         gc.callbacks.remove(self)
 
 
-def svm_step(model, params, x, y, lr, alpha=1e-4):
-    """One full-batch step: hinge loss + L2, backward, SGD. The graph dies when this function returns."""
-    scores = [model([Value(a), Value(b)])[0] for a, b in x]
-    data_loss = sum((1 - yi * s).relu() for yi, s in zip(y, scores)) * (1.0 / len(y))
-    loss = data_loss + alpha * sum(p * p for p in params)
-    model.zero_grad()
-    loss.backward()
-    for p in params:
-        p.data -= lr * p.grad
-    return loss.data, sum((s.data > 0) == (yi > 0) for yi, s in zip(y, scores)) / len(y)
+def demo_worker(conn, name, paused, heap, points):
+    """One engine's demo in a fresh process holding NumPy and the engine (and torch, for heap "torch"); one step
+    per request. A full collection scans every tracked object in the process, so what else lives there matters."""
+    if heap == "torch":
+        import torch  # noqa: F401  (~160,000 long-lived objects, as in any training script or notebook)
+    x, y = make_moons(points)
+    if name == "tensor":
+        step = tensor_demo(x, y)
+    else:
+        model, value = demo_model(name)
+        x, y = x.tolist(), y.tolist()
 
-
-def bench_scalar_demo(steps=100, n=100, seed=1337):
-    x, y = make_moons(n)
-    x, y = x.tolist(), y.tolist()
-    model = MLP(2, [16, 16, 1], act="relu", seed=seed)
-    params = model.parameters()
-    rss = {}
+        def step(lr):
+            return svm_step(model, value, x, y, lr)
+    conn.send({"tracked_objects": len(gc.get_objects())})
     with GcTimer() as gc_timer:
-        start = time.perf_counter()
-        for k in range(steps):
-            loss, acc = svm_step(model, params, x, y, lr=1.0 - 0.9 * k / steps)  # micrograd's lr schedule
-            if k + 1 in (1, 10, steps // 2, steps):
-                rss[k + 1] = peak_rss_mb()
-                print(f"   step {k + 1:3d}  loss {loss:.4f}  accuracy {100 * acc:.0f}%  "
-                      f"peak RSS {rss[k + 1]:.0f} MiB  ({time.perf_counter() - start:.1f} s)")
-        seconds = time.perf_counter() - start
-    return {"seconds": seconds, "gc_seconds": gc_timer.seconds, "gc_collections": gc_timer.collections,
-            "final_loss": loss, "final_accuracy": acc, "peak_rss_mb": rss, "params": len(params), "steps": steps}
+        while (k := conn.recv()) is not None:
+            start, gc_before = time.perf_counter(), gc_timer.seconds
+            with engine.collector_paused() if paused else contextlib.nullcontext():
+                loss, acc = step(lr=1.0 - 0.9 * k / 100)  # the demo's lr schedule
+            if paused:
+                gc.collect(0)  # the collector catches up once: what it does at its first allocation after the step
+            conn.send((time.perf_counter() - start, gc_timer.seconds - gc_before, loss, acc))
+    conn.send({"gc_passes": gc_timer.passes,
+               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})  # Linux: KiB
+
+
+def compare_engines(cfg):
+    """Both engines, with the collector at its defaults and paused per step, in a process holding only NumPy and
+    in one that has imported torch, plus the Tensor engine on the same demo: one fresh process each. The steps go
+    round them in turn, so a burst of load on a shared machine slows all of them alike."""
+    spawn = multiprocessing.get_context("spawn")
+    workers = []
+    settings = [(heap, name, paused) for heap in dict.fromkeys(cfg.heaps) for name in ("ours", "micrograd")
+                for paused in (False, True)]
+    for heap, name, paused in settings + [(cfg.heaps[0], "tensor", False)]:
+        conn, child = spawn.Pipe()
+        spawn.Process(target=demo_worker, args=(child, name, paused, heap, cfg.points), daemon=True).start()
+        workers.append({"engine": name, "collector": "paused per step" if paused else "default",
+                        "heap": heap, "conn": conn, "seconds": 0.0, "gc_seconds": 0.0, "losses": []})
+    for w in workers:  # the interpreters start side by side
+        w |= w["conn"].recv()
+    bar = progress(range(cfg.steps), desc=f"scalar demo, {len(workers)} processes in turn", unit="step")
+    for k in bar:
+        for w in workers:
+            w["conn"].send(k)
+            seconds, gc_seconds, loss, acc = w["conn"].recv()
+            w["seconds"] += seconds
+            w["gc_seconds"] += gc_seconds
+            w["losses"].append(loss)
+            w["final_accuracy"] = acc
+        bar.set_postfix(loss=f"{loss:.4f}")
+    runs = []
+    for w in workers:
+        w["conn"].send(None)
+        w |= w.pop("conn").recv()
+        # the mean, not the median: the collector's cost comes in bursts (a full pass every few steps)
+        runs.append(w | {"steps": cfg.steps, "ms_per_step": 1e3 * w["seconds"] / cfg.steps,
+                         "gc_share": w["gc_seconds"] / w["seconds"]})
+    ms = {(r["heap"], r["engine"], r["collector"]): r["ms_per_step"] for r in runs}
+    tensor = ms[cfg.heaps[0], "tensor", "default"]
+    speedup = {heap: {"default": ms[heap, "micrograd", "default"] / ms[heap, "ours", "default"],
+                      "paused": ms[heap, "micrograd", "paused per step"] / ms[heap, "ours", "paused per step"],
+                      "ours_paused_vs_micrograd_default":
+                          ms[heap, "micrograd", "default"] / ms[heap, "ours", "paused per step"]}
+               for heap in dict.fromkeys(cfg.heaps)}
+    worst_gap = max(abs(a - b) / abs(b) for r in runs for a, b in zip(r["losses"], runs[0]["losses"]))
+    return {"runs": runs, "speedup": speedup, "max_relative_loss_gap": worst_gap,
+            "tensor_engine_vs_micrograd_default": ms[cfg.heaps[0], "micrograd", "default"] / tensor}
 
 
 # ------------------------------------------------------------------------------------------------------------
 # 2. Tensor engine vs PyTorch
 # ------------------------------------------------------------------------------------------------------------
-def bench_tensor_step(hidden=256, batch_size=128, steps=50, rounds=5, seed=0):
-    import torch  # imported only now: see `--torch-first`
+def tensor_vs_torch(steps, rounds, hidden=256, batch_size=128, seed=0):
+    import torch
+
+    from day08_mini_autograd import tensor_engine as te
+    from sprint.measure import median_seconds
 
     rng = np.random.default_rng(seed)
     x, y = rng.normal(size=(batch_size, 784)).astype(np.float32), rng.integers(0, 10, batch_size)
-
     model = te.MLP([784, hidden, 10], seed)
     opt = te.Adam(model.parameters(), lr=1e-3)
 
@@ -124,45 +260,71 @@ def bench_tensor_step(hidden=256, batch_size=128, steps=50, rounds=5, seed=0):
         topt.step()
 
     times = {"engine": [], "torch": []}
-    for _ in range(rounds):  # alternate, so a burst of background load does not favour one side
-        for name, step in (("engine", engine_step), ("torch", torch_step)):
-            step()  # warm-up (first-call allocations)
-            start = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times[name].append((time.perf_counter() - start) / steps * 1e3)
-    engine_ms, torch_ms = statistics.median(times["engine"]), statistics.median(times["torch"])
+    for _ in progress(range(rounds), desc="Tensor engine vs torch", unit="round"):  # alternate: load hits both
+        times["engine"].append(median_seconds(engine_step, repeat=steps))
+        times["torch"].append(median_seconds(torch_step, repeat=steps))
+    engine_ms, torch_ms = (1e3 * statistics.median(times[k]) for k in ("engine", "torch"))
     return {"engine_ms": engine_ms, "torch_ms": torch_ms, "ratio": engine_ms / torch_ms, "hidden": hidden,
-            "batch_size": batch_size, "torch_threads": torch.get_num_threads()}
+            "batch_size": batch_size, "torch_threads": torch.get_num_threads(), "rounds": rounds, "calls": steps}
+
+
+# ------------------------------------------------------------------------------------------------------------
+def markdown(result):
+    """The README's two tables, from the figures of this run."""
+    s, heaps = result["scalar"], {"numpy": "NumPy only", "torch": "NumPy + torch"}
+    lines = [f"Machine: {result['machine']}; Python {result['python']}; baseline: {result['micrograd']}.", "",
+             f"Scalar demo: MLP(2, [16, 16, 1]) (337 parameters), {result['config']['points']} "
+             f"two-moons points, {result['config']['steps']} full-batch steps, hinge loss + L2; the same initial "
+             f"weights, and the same losses to {s['max_relative_loss_gap']:.0e}.", "",
+             "| process also holds (tracked objects) | engine | garbage collector | ms / step | time in the collector "
+             "| peak RSS (MiB) |", "|---|---|---|---:|---:|---:|"]
+    for r in s["runs"]:
+        name = {"ours": "this engine (`engine.py`)", "micrograd": "micrograd 0.1.0",
+                "tensor": "the Tensor engine (`tensor_engine.py`), same weights as matrices"}[r["engine"]]
+        lines.append(f"| {heaps[r['heap']]} ({r['tracked_objects']:,}) | {name} | {r['collector']} | "
+                     f"{r['ms_per_step']:.{0 if r['ms_per_step'] >= 10 else 2}f} | {r['gc_share']:.0%} | "
+                     f"{r['peak_rss_mib']:.0f} |")
+    lines += ["", "| process also holds | speed-up, both at the default collector | both paused per step | "
+                  "this engine paused vs micrograd as shipped |", "|---|---:|---:|---:|"]
+    for heap, sp in s["speedup"].items():
+        lines.append(f"| {heaps[heap]} | {sp['default']:.1f}x | {sp['paused']:.1f}x | "
+                     f"{sp['ours_paused_vs_micrograd_default']:.1f}x |")
+    lines += ["", f"Fewer, bigger nodes: the Tensor engine runs the same demo (same weights, same losses) "
+                  f"{s['tensor_engine_vs_micrograd_default']:.0f}x faster than micrograd, both at the default "
+                  f"collector."]
+    t = result["tensor"]
+    lines += ["", f"Tensor engine vs PyTorch ({t['torch_threads']} torch thread(s)), 784-{t['hidden']}-10 MLP, batch "
+                  f"{t['batch_size']}, cross-entropy + Adam, median of {t['rounds']} rounds of {t['calls']} calls:", "",
+              "| Tensor engine (ms / step) | PyTorch (ms / step) | ratio |", "|---:|---:|---:|",
+              f"| {t['engine_ms']:.2f} | {t['torch_ms']:.2f} | {t['ratio']:.2f}x |"]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny settings: just check that it runs")
-    parser.add_argument("--torch-first", action="store_true",
-                        help="import torch before the scalar demo, to see the collector slow down")
-    args = parser.parse_args(argv)
-    tensor_kw, scalar_kw = (dict(steps=2, rounds=1), dict(steps=2, n=10)) if args.quick else ({}, {})
-    if args.torch_first:
-        import torch  # noqa: F401  (its ~160k long-lived objects are re-scanned by every full gc pass)
-
-    # The scalar demo runs first, in a process holding only NumPy, as micrograd's demo does: a full gc pass
-    # scans every tracked object in the process, so importing torch first makes each pass slower.
-    print(f"1. Scalar engine: MLP(2, [16, 16, 1]), two moons, full batch, SVM loss + L2, gc enabled "
-          f"(thresholds {gc.get_threshold()}, {len(gc.get_objects()):,} tracked objects before the demo)")
-    s = bench_scalar_demo(**scalar_kw)
-    rss = list(s["peak_rss_mb"].values())
-    print(f"   {s['steps']} steps in {s['seconds']:.1f} s (target <= 20 s), {s['gc_seconds']:.1f} s of it in "
-          f"{s['gc_collections']} gc passes; peak RSS {rss[0]:.0f} -> {rss[-1]:.0f} MiB; "
-          f"final accuracy {100 * s['final_accuracy']:.0f}%")
-
-    t = bench_tensor_step(**tensor_kw)
-    print(f"2. Tensor engine vs PyTorch CPU ({t['torch_threads']} thread(s)), 784-{t['hidden']}-10 MLP, "
-          f"batch {t['batch_size']}, cross-entropy + Adam")
-    print(f"   engine {t['engine_ms']:.2f} ms/step   torch {t['torch_ms']:.2f} ms/step   "
-          f"ratio {t['ratio']:.2f}x (target <= 2x)")
-    return {"scalar": s, "tensor": t}
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
+    _, source = micrograd()
+    print(f"1. Scalar engine vs {source}, {cfg.steps} steps on {cfg.points} points, one fresh process per setting")
+    scalar = compare_engines(cfg)
+    for r in scalar["runs"]:
+        print(f"   {r['heap']:5s} {r['engine']:9s} collector {r['collector']:15s} {r['ms_per_step']:8.1f} ms/step  "
+              f"{r['gc_share']:4.0%} in gc ({r['gc_passes']} passes)  peak RSS {r['peak_rss_mib']:.0f} MiB")
+    for heap, sp in scalar["speedup"].items():
+        print(f"   {heap} heap: speed-up {sp['default']:.1f}x (default collector), {sp['paused']:.1f}x (paused), "
+              f"{sp['ours_paused_vs_micrograd_default']:.1f}x (ours paused vs micrograd as shipped)")
+    print(f"   the Tensor engine on the same demo: {scalar['tensor_engine_vs_micrograd_default']:.0f}x micrograd's "
+          f"speed; all runs compute the same losses, to {scalar['max_relative_loss_gap']:.1e}")
+    print("2. Tensor engine vs PyTorch, 784-256-10 MLP, batch 128, cross-entropy + Adam")
+    tensor = tensor_vs_torch(cfg.tensor_steps, cfg.rounds)
+    print(f"   engine {tensor['engine_ms']:.2f} ms/step   torch {tensor['torch_ms']:.2f} ms/step   "
+          f"ratio {tensor['ratio']:.2f}x")
+    result = {"machine": machine(), "python": platform.python_version(), "micrograd": source,
+              "config": asdict(cfg), "scalar": scalar, "tensor": tensor}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "bench.md").write_text(markdown(result))
+    print(f"wrote {out / 'bench.json'} and bench.md")
+    return result
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

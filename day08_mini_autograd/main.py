@@ -6,16 +6,16 @@ gradient reset, (3) no topological order, (4) the same network in PyTorch.
 Part 3 trains a 784-256-10 MLP on MNIST with `tensor_engine` (NumPy only: the images come from
 `sprint.data.mnist_tensors` and are turned into arrays once).
 
-Run:    python day08_mini_autograd/main.py            (XOR + experiments in seconds, MNIST ~1 min; writes results/)
-        python day08_mini_autograd/main.py --smoke    (tiny MNIST subset, for a quick look)
+Run:    python day08_mini_autograd/main.py                 (writes runs/day08_mini_autograd/)
+        python day08_mini_autograd/main.py --epochs 1 --hidden 64 --train-subset 5000 --test-subset 1000
+        python day08_mini_autograd/main.py --out day08_mini_autograd/results   (refreshes the committed figures)
 Gates:  python day08_mini_autograd/check.py
 Bench:  python day08_mini_autograd/bench.py
 """
-import argparse
-import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
@@ -24,10 +24,29 @@ import numpy as np
 import torch
 
 from day08_mini_autograd import tensor_engine as te
-from day08_mini_autograd.engine import MLP, Value, propagate, topological_order
+from day08_mini_autograd.engine import Value, propagate, topological_order
+from day08_mini_autograd.nn import MLP
+from day08_mini_autograd.report import print_experiments, write_results
+from sprint import runs_dir
+from sprint.cli import UserError, arg, parse, progress, run, validate
 from sprint.data import mnist_tensors
 
-OUT_DIR = Path(__file__).resolve().parent / "results"
+
+@dataclass
+class Config:
+    xor_steps: int = arg(300, "full-batch SGD steps on XOR (scalar engine)", gt=0)
+    xor_lr: float = arg(0.5, "XOR learning rate", gt=0)
+    epochs: int = arg(3, "MNIST epochs (Tensor engine)", gt=0)
+    hidden: int = arg(256, "MNIST hidden width", gt=0)
+    batch_size: int = arg(128, "MNIST batch size", gt=0)
+    lr: float = arg(2e-3, "MNIST Adam learning rate at the start (it decays linearly to 0)", gt=0)
+    seed: int = arg(0, "MNIST initialisation and shuffling seed", ge=0)
+    train_subset: int | None = arg(None, "first N MNIST training images only (a quick run)", gt=0, le=60_000)
+    test_subset: int | None = arg(None, "first N MNIST test images only", gt=0, le=10_000)
+
+    def __post_init__(self):
+        validate(self)
+
 
 # ------------------------------------------------------------------------------------------------------------
 # Part 1: XOR with the scalar engine
@@ -59,7 +78,7 @@ def train_xor(steps=300, lr=0.5, backward=Value.backward, zero_grad=True, log_ev
     for step in range(steps):
         loss = xor_loss(net)
         if not math.isfinite(loss.data):
-            raise FloatingPointError(f"XOR loss became {loss.data} at step {step}; lower --xor-lr")
+            raise UserError(f"XOR loss became {loss.data} at step {step}; lower --xor-lr")
         if zero_grad:
             for p in params:
                 p.grad = 0.0  # backward() adds to .grad, so last step's gradient must be cleared first
@@ -141,10 +160,14 @@ def engine_xor_gradients(params):
     return loss.data, [p.grad for p in net.parameters()]
 
 
-def relative_error(a, b):
-    """max |a - b| / max |b|: the error relative to the size of the reference vector."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), np.finfo(np.float64).tiny))
+RTOL, ATOL = 1e-9, 1e-12  # float64 engines agree with torch up to rounding: ~1e-16 per operation
+
+
+def tolerance_used(ours, reference, rtol=RTOL, atol=ATOL):
+    """The worst element's |ours - reference| as a fraction of its own tolerance `atol + rtol * |reference|`:
+    at most 1 means `np.allclose(ours, reference, rtol, atol)` holds for every element."""
+    a, b = np.asarray(ours, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    return float((np.abs(a - b) / (atol + rtol * np.abs(b))).max(initial=0.0))
 
 
 def run_experiments(steps=300, lr=0.5, log_every=0):
@@ -156,6 +179,7 @@ def run_experiments(steps=300, lr=0.5, log_every=0):
     torch_end, ours_end = torch_xor_gradients(correct["params"])[1], engine_xor_gradients(correct["params"])[1]
     return {
         "xor": correct,
+        "probe_x": PROBE_X,
         "square_grad_exact": 2 * PROBE_X,
         "square_grad_correct": square_gradient(Value.backward),
         "square_grad_overwrite": square_gradient(backward_overwrite),
@@ -164,24 +188,10 @@ def run_experiments(steps=300, lr=0.5, log_every=0):
         "diamond_grad_exact": diamond_gradient_exact(),
         "diamond_grad_topological": diamond_gradient(Value.backward),
         "diamond_grad_no_topological": diamond_gradient(backward_without_topological_order),
-        "torch_grad_rel_error_init": relative_error(ours_init, torch_init),
-        "torch_grad_rel_error_trained": relative_error(ours_end, torch_end),
+        "torch_grad_tolerance_used_init": tolerance_used(ours_init, torch_init),
+        "torch_grad_tolerance_used_trained": tolerance_used(ours_end, torch_end),
         "torch_loss_abs_diff_init": abs(ours_loss - torch_loss),
     }
-
-
-def print_experiments(r):
-    print(f"(1) '=' instead of '+=': d(x*x)/dx at x={PROBE_X:g} is {r['square_grad_overwrite']:g} instead of "
-          f"{r['square_grad_correct']:g} (the second path overwrites the first);")
-    print(f"    XOR final loss {r['xor_overwrite']['final_loss']:.4f} instead of {r['xor']['final_loss']:.4f}")
-    print(f"(2) no gradient reset: gradients pile up step after step; XOR final loss "
-          f"{r['xor_no_zero_grad']['final_loss']:.4f} (min along the way "
-          f"{min(r['xor_no_zero_grad']['losses']):.4f}) instead of {r['xor']['final_loss']:.4f}")
-    print(f"(3) no topological order: on the diamond y=(u+1)*(2u), u=x*x, dy/dx at x={PROBE_X:g} is "
-          f"{r['diamond_grad_no_topological']:g}; in topological order {r['diamond_grad_topological']:g} "
-          f"(exact {r['diamond_grad_exact']:g})")
-    print(f"(4) the same net in torch: gradient relative error {r['torch_grad_rel_error_init']:.1e} at the start, "
-          f"{r['torch_grad_rel_error_trained']:.1e} after training")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -212,94 +222,48 @@ def train_mnist(epochs=3, hidden=256, batch_size=128, lr=2e-3, seed=0, train_lim
     steps_per_epoch = math.ceil(len(x_train) / batch_size)
     total_steps, step, history = epochs * steps_per_epoch, 0, []
     start = time.perf_counter()
+    bar = progress(total=total_steps, desc="MNIST", unit="step")
     for epoch in range(epochs):
         order, loss_sum = rng.permutation(len(x_train)), 0.0  # reshuffle every epoch
         for i in range(0, len(x_train), batch_size):
             idx = order[i:i + batch_size]
             loss = te.cross_entropy(model(te.Tensor(x_train[idx])), y_train[idx])
             if not np.isfinite(loss.data):
-                raise FloatingPointError(f"MNIST loss became {loss.data} at step {step}; lower --lr")
+                raise UserError(f"MNIST loss became {loss.data} at step {step}; lower --lr")
             opt.zero_grad()
             loss.backward()
             opt.lr = lr * (1 - step / total_steps)  # linear decay: big steps early, fine steps at the end
             opt.step()
             loss_sum, step = loss_sum + float(loss.data), step + 1
+            bar.update()
+            bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss.data):.4f}", refresh=False)
         history.append({"epoch": epoch + 1, "train_loss": loss_sum / steps_per_epoch,
                         "test_acc": accuracy(model, x_test, y_test), "elapsed_s": time.perf_counter() - start})
         log(f"  epoch {epoch + 1}  train loss {history[-1]['train_loss']:.4f}  "
             f"test acc {100 * history[-1]['test_acc']:.2f}%  ({history[-1]['elapsed_s']:.1f} s)")
+    bar.close()
     return {"test_acc": history[-1]["test_acc"], "history": history, "train_s": time.perf_counter() - start,
             "epochs": epochs, "hidden": hidden, "batch_size": batch_size, "lr": lr,
             "n_train": len(x_train), "n_test": len(x_test)}
 
 
-# ------------------------------------------------------------------------------------------------------------
-def plot(experiments, mnist, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in [("xor", "correct"), ("xor_overwrite", "(1) '=' instead of '+='"),
-                       ("xor_no_zero_grad", "(2) no gradient reset")]:
-        ax1.semilogy(experiments[key]["losses"], label=label)
-    ax1.axhline(0.01, color="gray", ls="--", label="gate: 0.01")
-    ax1.set(title="XOR, 2-2-1 tanh net, scalar engine", xlabel="step", ylabel="MSE (log scale)")
-    ax1.legend()
-    epochs = [h["epoch"] for h in mnist["history"]]
-    ax2.plot(epochs, [100 * h["test_acc"] for h in mnist["history"]], "o-")
-    ax2.axhline(97, color="gray", ls="--", label="gate: 97%")
-    ax2.set(title=f"MNIST, 784-{mnist['hidden']}-10 MLP, NumPy Tensor engine", xlabel="epoch",
-            ylabel="test accuracy (%)", xticks=epochs)
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--xor-steps", type=int, default=300)
-    parser.add_argument("--xor-lr", type=float, default=0.5)
-    parser.add_argument("--epochs", type=int, default=3, help="MNIST epochs")
-    parser.add_argument("--hidden", type=int, default=256, help="MNIST hidden width")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=2e-3, help="MNIST Adam peak learning rate")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="1 epoch on 5,000/1,000 images, hidden 64")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="where the plot and summary go")
-    args = parser.parse_args(argv)
-    for name in ("xor_steps", "epochs", "hidden", "batch_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.lr <= 0 or args.xor_lr <= 0:
-        parser.error("learning rates must be positive")
-    if args.smoke:
-        args.epochs, args.hidden = 1, 64
-
-    print(f"Part 1 - XOR with the scalar engine: 2-2-1 tanh, init {XOR_INIT}, lr {args.xor_lr}, "
-          f"{args.xor_steps} steps, MSE")
-    experiments = run_experiments(args.xor_steps, args.xor_lr, log_every=50)
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
+    print(f"Part 1 - XOR with the scalar engine: 2-2-1 tanh, init {XOR_INIT}, lr {cfg.xor_lr}, "
+          f"{cfg.xor_steps} steps, MSE")
+    experiments = run_experiments(cfg.xor_steps, cfg.xor_lr, log_every=50)
     print("Part 2 - the four self-check questions")
     print_experiments(experiments)
 
-    print(f"Part 3 - MNIST with the Tensor engine: 784-{args.hidden}-10, Adam lr {args.lr} -> 0, "
-          f"batch {args.batch_size}, {args.epochs} epoch(s)")
-    limits = (5000, 1000) if args.smoke else (None, None)
-    mnist = train_mnist(args.epochs, args.hidden, args.batch_size, args.lr, args.seed, *limits)
+    print(f"Part 3 - MNIST with the Tensor engine: 784-{cfg.hidden}-10, Adam lr {cfg.lr} -> 0, "
+          f"batch {cfg.batch_size}, {cfg.epochs} epoch(s)")
+    mnist = train_mnist(cfg.epochs, cfg.hidden, cfg.batch_size, cfg.lr, cfg.seed, cfg.train_subset, cfg.test_subset)
     print(f"  test accuracy {100 * mnist['test_acc']:.2f}% on {mnist['n_test']:,} images after "
-          f"{mnist['train_s']:.1f} s")
+          f"{mnist['train_s']:.1f} s of training")
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(experiments, mnist, args.out / "day08.png")
-    summary = {k: v for k, v in experiments.items() if not isinstance(v, dict)}
-    summary |= {f"{k}_final_loss": experiments[k]["final_loss"] for k in ("xor", "xor_overwrite", "xor_no_zero_grad")}
-    summary["mnist"] = mnist
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out / 'day08.png'} and summary.json")
+    write_results(out, experiments, mnist)
     return {"experiments": experiments, "mnist": mnist}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -28,12 +28,14 @@ def no_grad():
 
 
 class Tensor:
-    def __init__(self, data, requires_grad=False, _parents=()):
-        data = np.asarray(data)
+    __array_ufunc__ = None  # `ndarray + Tensor`, `ndarray @ Tensor`: NumPy hands the operation to Tensor
+
+    def __init__(self, data, requires_grad=False):
+        data = np.array(data)  # a copy, like torch.tensor(): an optimizer step never writes into the caller's array
         self.data = data if np.issubdtype(data.dtype, np.floating) else data.astype(np.float64)
         self.requires_grad = requires_grad
         self.grad = None
-        self._parents = _parents
+        self._parents = ()
 
     shape = property(lambda self: self.data.shape)
     ndim = property(lambda self: self.data.ndim)
@@ -116,9 +118,13 @@ class Tensor:
         return total * (total.data.size / self.data.size)
 
     def __matmul__(self, other):
+        other = self._const(other)
         if self.data.ndim != 2 or other.data.ndim != 2 or self.shape[1] != other.shape[0]:
             raise ValueError(f"matmul needs 2-D (n, k) @ (k, m); got {self.shape} @ {other.shape}")
         return _result(self.data @ other.data, (self, lambda g: g @ other.data.T), (other, lambda g: self.data.T @ g))
+
+    def __rmatmul__(self, other):
+        return self._const(other) @ self
 
     def log_softmax(self, axis=-1):
         """x - logsumexp(x), computed after subtracting the max so exp() cannot overflow."""
@@ -136,15 +142,24 @@ class Tensor:
         for node in reversed(topological_order(self)):
             for parent, vjp in node._parents:
                 g = _unbroadcast(vjp(node.grad), parent.shape)
-                parent.grad = g if parent.grad is None else parent.grad + g
+                if parent._parents:  # an intermediate result: its gradient is read once, then dropped
+                    parent.grad = g if parent.grad is None else parent.grad + g
+                elif parent.grad is None:  # a leaf: a gradient of its own (`g` may be shared or read-only)
+                    parent.grad = g.astype(parent.data.dtype)
+                else:
+                    parent.grad += g  # accumulates across backward() calls, like PyTorch
             if node._parents:
                 node.grad = None  # like PyTorch, only leaves keep .grad (frees memory during backward)
 
 
 def _result(data, *edges):
-    """A new Tensor with an edge to each input that needs a gradient (none under `no_grad()`)."""
-    edges = tuple(e for e in edges if e[0].requires_grad) if _grad_enabled else ()
-    return Tensor(data, requires_grad=bool(edges), _parents=edges)
+    """A new Tensor around a fresh result (no copy) with an edge to each input that needs a gradient (none under
+    `no_grad()`)."""
+    out = Tensor.__new__(Tensor)
+    out.data, out.grad = np.asarray(data), None
+    out._parents = tuple(e for e in edges if e[0].requires_grad) if _grad_enabled else ()
+    out.requires_grad = bool(out._parents)
+    return out
 
 
 def _unbroadcast(grad, shape):

@@ -11,7 +11,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import pytest
 import torch
 
+from day09_cnn import bench
 from day09_cnn import main as day
+from day09_cnn import norms_lab as lab
+from day09_cnn import report
+from sprint import data
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -27,7 +31,8 @@ def default_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("day09_smoke")
-    return day.main(["--train-subset", "256", "--test-subset", "200", "--epochs", "1", "--out", str(out)]), out
+    return day.main(["--train-subset", "256", "--test-subset", "200", "--val-size", "500", "--epochs", "1",
+                     "--out", str(out)]), out
 
 
 @pytest.mark.slow
@@ -93,11 +98,126 @@ def test_residual_first_layer_gradient_exceeds_plain_by_orders_of_magnitude():
     gates.check("depth 40: min over 5 seeds of residual/plain grad norm", worst, ">=", 100)
 
 
+def test_training_never_reads_the_test_set(monkeypatch):
+    """The schedule is chosen on validation images: `train()` must not even load the test split."""
+    real = data.mnist_tensors
+
+    def guarded(train=True, *args, **kwargs):
+        assert train, "train() loaded the test set"
+        return real(train, *args, **kwargs)
+
+    monkeypatch.setattr(data, "mnist_tensors", guarded)
+    monkeypatch.setattr(day, "mnist_tensors", guarded)
+    result = day.train(day.Config(epochs=1, train_subset=256, val_size=256), log=lambda *_: None)
+    assert [sorted(row) for row in result["history"]] == [["elapsed_s", "epoch", "train_loss", "val_acc", "val_loss"]]
+    assert result["n_val"] == 256
+
+
+def fake_run(test_errors: int, params: int, wall_s: float, epochs: int) -> dict:
+    return {"test_acc": 1 - test_errors / 10_000, "test_errors": test_errors, "n_test": 10_000, "params": params,
+            "wall_s": wall_s, "epochs": epochs, "n_val": 5000, "config": {"schedule": "onecycle", "lr": 0.1},
+            "history": [{"val_acc": 0.95}, {"val_acc": 0.97}]}
+
+
+GRADS = {"depths": [40], "seeds": [0], "residual": [[1e5]], "plain": [[1e-13]]}
+
+
+def test_conclusion_says_the_mlp_won_when_the_resnet_makes_more_errors():
+    lines = report.conclusion(fake_run(568, 77_754, 30.0, 2), fake_run(96, 408_074, 14.0, 8), GRADS)
+    text = "\n".join(lines)
+    assert "568 wrong, the MLP 96: 5.9x more errors for the CNN: the MLP wins this run" in lines[2], lines[2]
+    assert "Width won this run (4.72 points)" in lines[6] and "favours the MLP" in lines[9]
+    assert "fewer errors" not in text and "beats width" not in text and "pick the architecture" not in text
+    assert "5.2x fewer parameters" in lines[3] and "-4.72 accuracy points" in lines[9]
+
+
+def test_conclusion_calls_a_tie_a_tie_and_a_win_a_win():
+    tie = report.conclusion(fake_run(100, 77_754, 30.0, 2), fake_run(100, 408_074, 14.0, 8), GRADS)
+    assert "the same number: a tie" in tie[2] and "a tie on the test set" in tie[9]
+    win = report.conclusion(fake_run(66, 77_754, 30.0, 2), fake_run(158, 408_074, 14.0, 8), GRADS)
+    assert "2.4x fewer errors for the CNN" in win[2] and "Inductive bias beats width" in win[6]
+    assert "2.1x more training time" in win[9] and "2.1x more wall time" in win[7]
+
+
 def test_bad_config_is_rejected_with_a_clear_error():
-    with pytest.raises(ValueError, match="epochs must be > 0"):
+    with pytest.raises(ValueError, match="--epochs must be > 0"):
         day.Config(epochs=0)
-    with pytest.raises(ValueError, match="widths"):
+    with pytest.raises(ValueError, match="--widths must be > 0"):
         day.Config(widths=(16, 0))
+
+
+BAD_FLAGS = {
+    "main": [["--epochs", "0"], ["--batch-size", "0"], ["--lr", "-0.1"], ["--lr", "nan"], ["--momentum", "1"],
+             ["--weight-decay", "-1"], ["--widths", "16", "0"], ["--schedule", "cosine"], ["--seed", "-1"],
+             ["--val-size", "60000"], ["--train-subset", "100"], ["--test-subset", "20000"], ["--device", "gpu"],
+             ["--epochs", "two"], ["--bogus"]],
+    "norms_lab": [["--steps", "0"], ["--batch-sizes", "1", "128"], ["--hidden", "60"], ["--norms", "BatchNorm"],
+                  ["--norms", "BatchNorm", "LayerNorm", "WeightNorm"], ["--lr", "nan"], ["--seed", "-2"]],
+    "bench": [["--lrs", "0"], ["--schedules", "cosine"], ["--seeds", "-1"], ["--epochs", "0"]],
+}
+if not torch.cuda.is_available():
+    BAD_FLAGS["main"].append(["--device", "cuda"])  # absent here: refused before any data is loaded
+CASES = [(script, argv) for script, cases in BAD_FLAGS.items() for argv in cases]
+
+
+@pytest.mark.parametrize("script, argv", CASES, ids=[f"{script}:{' '.join(argv)}" for script, argv in CASES])
+def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(script, argv, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        {"main": day.main, "norms_lab": lab.main, "bench": bench.main}[script]([*argv, "--out", str(out)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert exc.value.code == 2 and len(errors) == 1 and not out.exists(), (exc.value.code, errors)
+
+
+def test_an_unwritable_out_is_refused_before_training(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        day.main(["--out", str(tmp_path / "file" / "out")])
+    assert exc.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The normalisation lab (norms_lab.py at its defaults, without the timing)
+# ------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def norms():
+    return lab.run_lab(lab.Config(norms=("BatchNorm", "GroupNorm", "LayerNorm"), timing=False))
+
+
+def test_batchnorm_output_depends_on_the_batch_in_train_mode_only(norms):
+    d = norms["batch_dependence"]
+    gates.check("BatchNorm, train mode: max change of sample 0's logits when its batch-mates change",
+                d["sample_change_train"], ">", 0.1)
+    gates.check("BatchNorm, eval mode: the same change", d["sample_change_eval"], "<=", 1e-6)
+    gates.check("BatchNorm: train-mode vs eval-mode logits of one batch, max difference", d["train_vs_eval"], ">", 0.1)
+
+
+def test_a_batch_of_one_in_train_mode_raises_the_real_error(norms):
+    one = norms["batch_of_one"]
+    assert (one["train_error"] or "").startswith("Expected more than 1 value per channel when training"), one
+    assert one["eval_output_shape"] == [1, 10] and one["layernorm_train_output_shape"] == [1, 10]
+
+
+def test_a_validation_pass_left_in_train_mode_costs_accuracy(norms):
+    f = norms["forgotten_eval"]
+    gates.check("validation accuracy lost after a train-mode pass over label-sorted batches of 64 (points)",
+                100 * (f["clean"] - f["after_sorted"]), ">=", 3)
+    gates.check("running statistics changed by an eval-mode validation pass", f["eval_pass_stats_change"], "==", 0)
+
+
+def test_batchnorm_needs_a_real_batch_and_groupnorm_and_layernorm_do_not(norms):
+    def acc(norm, batch):
+        return 100 * lab.accuracy_of(norms, norm, batch)
+
+    gates.check("batch 2: worse of GroupNorm/LayerNorm minus BatchNorm, validation accuracy (points)",
+                min(acc("GroupNorm", 2), acc("LayerNorm", 2)) - acc("BatchNorm", 2), ">=", 10)
+    gates.check("batch 128: BatchNorm minus the better of GroupNorm/LayerNorm (points)",
+                acc("BatchNorm", 128) - max(acc("GroupNorm", 128), acc("LayerNorm", 128)), ">=", -1)
+
+
+def test_rmsnorm_in_four_lines_equals_torch_rmsnorm(norms):
+    gates.check("RMSNorm (ours) vs torch.nn.RMSNorm: max |difference| of output and gradients",
+                norms["rmsnorm_max_diff"], "<=", 1e-6)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 """Day 9 — a small ResNet against Day 4's MLP: inductive bias, measured.
 
 A ResNet-style CNN (BasicBlock: conv-BN-ReLU-conv-BN + identity/projection shortcut) trained on MNIST with
-SGD + Nesterov and a one-cycle schedule, next to Day 4's MLP trained by Day 4's own `train()`: both on the
-same in-memory tensors, timed from the same starting line and scored by the same `evaluate()`. The
-"10-line conclusion" is generated from the measured numbers. Two side lessons: state_dict reconciliation
-(strict=False, the DDP `module.` prefix, shape mismatches) and why residual connections keep gradients alive.
+SGD + Nesterov and a one-cycle schedule, next to Day 4's MLP trained by Day 4's own `train()`. Both use the same
+in-memory tensors, are timed from the same starting line and are scored once, at the end, on the same test
+images by the same `evaluate()`. The ResNet's schedule was chosen on a validation split carved from the training
+set (`bench.py --tune`), never on the test set. The "10-line conclusion" is generated from the measured numbers
+(`report.py`). Two side lessons: state_dict reconciliation (strict=False, the DDP `module.` prefix, shape
+mismatches) and why residual connections keep gradients alive. Normalisation has its own lab: `norms_lab.py`.
 
-Run:    python day09_cnn/main.py        (~90 s of CPU time on a 2-core CPU; writes day09_cnn/results/)
+Run:    python day09_cnn/main.py                                   (writes runs/day09_cnn/)
+        python day09_cnn/main.py --epochs 1 --train-subset 2000 --test-subset 500 --val-size 500
+        python day09_cnn/main.py --out day09_cnn/results           (refreshes the committed figures)
 Gates:  python day09_cnn/check.py
 """
-import argparse
 import copy
-import json
 import math
 import sys
 import time
@@ -26,10 +28,14 @@ import torch.nn.functional as F
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from day04_mlp_mnist import main as day04
-from sprint.data import mnist_tensors
+from day09_cnn.report import write_report
+from sprint import runs_dir
+from sprint.cli import UserError, arg, parse, progress, run, validate
+from sprint.data import mnist_split, mnist_tensors
 from sprint.device import pick_device
+from sprint.measure import count_params
 
-OUT_DIR = Path(__file__).resolve().parent / "results"
+N_TRAIN = 60_000  # MNIST's training images, before the validation split
 
 
 # --- the model ------------------------------------------------------------------------------------------
@@ -73,92 +79,113 @@ class ResNet(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))  # global average pool: the head sees "which features", not "where"
 
 
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 # --- training -------------------------------------------------------------------------------------------
 @dataclass
 class Config:
-    epochs: int = 2
-    batch_size: int = 128
-    lr: float = 0.1  # peak LR of the one-cycle schedule (SGD + Nesterov momentum)
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    widths: tuple = (16, 32, 64)
-    channels_last: bool = True  # NHWC is the layout CPU convolution kernels prefer (~14% faster here)
-    seed: int = 0
-    device: str | None = None
-    train_subset: int | None = None  # first N images only (smoke runs and tests)
-    test_subset: int | None = None
+    epochs: int = arg(2, "ResNet epochs (the MLP keeps Day 4's own recipe)", gt=0)
+    batch_size: int = arg(128, "ResNet batch size", gt=0)
+    lr: float = arg(0.2, "peak learning rate (SGD + Nesterov momentum), chosen by `bench.py --tune`", gt=0)
+    schedule: str = arg("onecycle", "learning-rate schedule over all steps", choices=("onecycle", "linear", "constant"))
+    momentum: float = arg(0.9, "SGD momentum", ge=0, lt=1)
+    weight_decay: float = arg(5e-4, "L2 weight decay", ge=0)
+    widths: tuple[int, ...] = arg((16, 32, 64), "channels per stage (one BasicBlock each)", gt=0)
+    channels_last: bool = arg(True, "NHWC memory layout, which CPU convolution kernels prefer")
+    val_size: int = arg(5000, "training images held out to choose the schedule on", gt=0, lt=N_TRAIN)
+    seed: int = arg(0, "initialisation and shuffling seed", ge=0)
+    device: str | None = arg(None, "cpu, cuda, cuda:N or mps (default: cuda, then mps, then cpu)")
+    train_subset: int | None = arg(None, "first N training images only, for both models (a quick run)", gt=0)
+    test_subset: int | None = arg(None, "first N test images only, for both models", gt=0, le=10_000)
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"Config.{name} must be > 0, got {getattr(self, name)!r}")
         self.widths = tuple(self.widths)
-        if not self.widths or min(self.widths) < 1:
-            raise ValueError(f"Config.widths must be positive channel counts, got {self.widths!r}")
+        validate(self)
+        n_train = min(self.train_subset or N_TRAIN, N_TRAIN - self.val_size)
+        smallest = max(self.batch_size, day04.Config().batch_size)  # both models need one full batch
+        if n_train < smallest:
+            raise ValueError(f"--train-subset/--val-size leave {n_train} training images, fewer than one batch "
+                             f"({smallest}, the larger of --batch-size and Day 4's)")
+
+
+def schedule(optimizer, cfg: Config, total_steps: int):
+    if cfg.schedule == "onecycle":  # warm up for a quarter of the steps, then anneal to ~0
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total_steps, pct_start=0.25)
+    if cfg.schedule == "linear":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
 def train(cfg: Config, log=print) -> dict:
-    """Train the ResNet; return test_acc, params, wall_s, history and the model, like Day 4's train()."""
-    t0 = time.perf_counter()
+    """Train the ResNet on the training images minus the validation split; return the model, parameters and the
+    per-epoch validation history. The test images are not touched here."""
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    x_train, y_train = mnist_tensors(train=True, device=device)
-    x_test, y_test = mnist_tensors(train=False, device=device)
+    (x_train, y_train), (x_val, y_val) = mnist_split(cfg.val_size, device)
     x_train, y_train = x_train[:cfg.train_subset], y_train[:cfg.train_subset]
-    x_test, y_test = x_test[:cfg.test_subset], y_test[:cfg.test_subset]
 
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model = ResNet(cfg.widths).to(device, memory_format=memory_format)
     log(f"ResNet widths {cfg.widths}: {count_params(model):,} parameters | {len(x_train):,} train / "
-        f"{len(x_test):,} test | {device}")
+        f"{len(x_val):,} validation | {device}")
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
                                 weight_decay=cfg.weight_decay)
-    steps = len(x_train) // cfg.batch_size
-    if steps == 0:
-        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(x_train)} training samples")
-    # Warm up for a quarter of the steps, then anneal to ~0: a flat LR stalls around 98.3-98.9% here.
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=cfg.epochs * steps,
-                                                    pct_start=0.25)
-    history = []
+    steps = len(x_train) // cfg.batch_size  # the last partial batch is dropped (a fresh one each epoch)
+    scheduler = schedule(optimizer, cfg, cfg.epochs * steps)
+    history, t0 = [], time.perf_counter()
+    bar = progress(total=cfg.epochs * steps, desc="ResNet", unit="step")
     for epoch in range(cfg.epochs):
         model.train()  # BatchNorm uses (and updates running averages from) batch statistics
         order = torch.randperm(len(x_train), generator=shuffle).to(device)
         total = torch.zeros((), device=device)
-        for idx in order[:steps * cfg.batch_size].view(steps, cfg.batch_size):
+        for i, idx in enumerate(order[:steps * cfg.batch_size].view(steps, cfg.batch_size)):
             loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             scheduler.step()
-            total += loss.detach()
+            total += loss.detach()  # stays on the device: no sync per step
+            bar.update()
+            if i % 50 == 49:
+                bar.set_postfix(epoch=epoch + 1, loss=f"{total.item() / (i + 1):.4f}")
         train_loss = total.item() / steps
         if not math.isfinite(train_loss):
-            raise FloatingPointError(f"training loss became {train_loss}; lower --lr (now {cfg.lr:g})")
-        ev = day04.evaluate(model, x_test, y_test)  # Day 4's evaluation: eval mode, no_grad, same test set
-        row = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": ev["loss"], "test_acc": ev["acc"],
-               "elapsed_s": time.perf_counter() - t0}
-        history.append(row)
-        log(f"epoch {epoch + 1}  train loss {train_loss:.4f}  test loss {ev['loss']:.4f}  "
-            f"test acc {100 * ev['acc']:.2f}%  ({row['elapsed_s']:.1f} s)")
-    wall_s = time.perf_counter() - t0
-    log(f"ResNet: {100 * history[-1]['test_acc']:.2f}% test accuracy in {wall_s:.1f} s")
-    return {"test_acc": history[-1]["test_acc"], "params": count_params(model), "wall_s": wall_s,
-            "history": history, "config": asdict(cfg), "n_test": len(x_test), "model": model}
+            raise UserError(f"training loss became {train_loss}; lower --lr (now {cfg.lr:g})")
+        ev = day04.evaluate(model, x_val, y_val)  # eval mode, no_grad
+        history.append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": ev["loss"], "val_acc": ev["acc"],
+                        "elapsed_s": time.perf_counter() - t0})
+        log(f"epoch {epoch + 1}  train loss {train_loss:.4f}  validation loss {ev['loss']:.4f}  "
+            f"validation acc {100 * ev['acc']:.2f}%  ({history[-1]['elapsed_s']:.1f} s)")
+    bar.close()
+    return {"model": model, "params": count_params(model), "epochs": cfg.epochs, "history": history,
+            "config": asdict(cfg), "n_train": len(x_train), "n_val": len(x_val)}
+
+
+def score(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """The one test-set evaluation of a trained model: accuracy, errors, loss."""
+    ev = day04.evaluate(model, x, y)
+    return {"test_acc": ev["acc"], "test_errors": int((ev["preds"] != y).sum()), "test_loss": ev["loss"],
+            "n_test": len(y)}
 
 
 def compare(cfg: Config = Config(), log=print) -> dict:
-    """ResNet vs Day 4's MLP (its default Config), measured the same way on the same data and device."""
+    """ResNet vs Day 4's MLP (its default Config), trained and timed the same way, scored once on the same test
+    images."""
     device = pick_device(cfg.device)
-    mnist_tensors(train=True, device=device), mnist_tensors(train=False, device=device)  # decode once, untimed
-    resnet = train(cfg, log)
+    mnist_tensors(train=True, device=device)  # decode once, before either clock starts
+    x_test, y_test = mnist_tensors(train=False, device=device)
+    x_test, y_test = x_test[:cfg.test_subset], y_test[:cfg.test_subset]
     mlp_cfg = day04.Config(device=cfg.device, train_subset=cfg.train_subset, test_subset=cfg.test_subset)
-    mlp = day04.train(mlp_cfg, log=log)
-    return {"resnet": resnet, "mlp": mlp, "residual": residual_experiment()}
+
+    t0 = time.perf_counter()
+    resnet = train(cfg, log)
+    resnet["wall_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    mlp = {"model": day04.train(mlp_cfg, log=log)["model"], "epochs": mlp_cfg.epochs}
+    mlp["wall_s"] = time.perf_counter() - t0
+    for result in (resnet, mlp):
+        result |= score(result["model"], x_test, y_test)  # the only look at the test set
+    log(f"test accuracy: ResNet {resnet['test_acc']:.2%}, MLP {mlp['test_acc']:.2%}")
+    return {"resnet": resnet, "mlp": mlp | {"params": count_params(mlp["model"])}, "residual": residual_experiment()}
 
 
 # --- why residual connections: gradient norm of the first layer in a deep stack ---------------------------
@@ -222,142 +249,13 @@ def reconciliation_demo(model: ResNet) -> dict:
     return out
 
 
-# --- the report -------------------------------------------------------------------------------------------
-def first_reach(history: list[dict], target: float):
-    """(epoch, seconds) of the first evaluation at or above `target`, or None."""
-    return next(((r["epoch"], r["elapsed_s"]) for r in history if r["test_acc"] >= target), None)
-
-
-def epochs(run: dict) -> str:
-    n = len(run["history"])
-    return f"{n} epoch{'s' if n != 1 else ''}"
-
-
-def conclusion(res: dict, mlp: dict, grads: dict) -> list[str]:
-    """The curriculum's "10-line conclusion", written from the measured figures (nothing typed in advance)."""
-    n_test = res["n_test"]
-    err_res, err_mlp = round((1 - res["test_acc"]) * n_test), round((1 - mlp["test_acc"]) * n_test)
-    p_ratio = mlp["params"] / res["params"]
-    t_ratio = res["wall_s"] / mlp["wall_s"]
-    ep_res, ep_mlp = res["wall_s"] / len(res["history"]), mlp["wall_s"] / len(mlp["history"])
-    reach = first_reach(res["history"], mlp["test_acc"])
-    deep = grads["depths"].index(max(grads["depths"]))
-    g_res = min(grads["residual"][deep])
-    g_plain = max(grads["plain"][deep])
-    better = res["test_acc"] > mlp["test_acc"]
-    cost = ("fewer parameters is not less compute, each conv weight works at every position" if ep_res > ep_mlp
-            else "here the smaller model was also the cheaper one")
-    return [
-        f"1. ResNet: {res['test_acc']:.2%} test accuracy with {res['params']:,} parameters, "
-        f"{epochs(res)} in {res['wall_s']:.0f} s.",
-        f"2. MLP (Day 4): {mlp['test_acc']:.2%} with {mlp['params']:,} parameters, {epochs(mlp)} in "
-        f"{mlp['wall_s']:.0f} s.",
-        f"3. On the {n_test:,} test images the ResNet gets {err_res} wrong, the MLP {err_mlp}: "
-        f"{err_mlp / max(err_res, 1):.1f}x {'fewer' if err_res <= err_mlp else 'more'} errors for the CNN.",
-        f"4. It does so with {p_ratio:.1f}x {'fewer' if p_ratio >= 1 else 'more'} parameters: one 3x3 kernel is "
-        f"shared by every position, where the MLP pays a weight per pixel per hidden unit.",
-        f"5. A ResNet epoch took {ep_res:.1f} s vs {ep_mlp:.1f} s for the MLP ({ep_res / ep_mlp:.1f}x); "
-        f"{cost}.",
-        f"6. After one epoch: ResNet {res['history'][0]['test_acc']:.2%}, MLP {mlp['history'][0]['test_acc']:.2%}; "
-        + (f"the ResNet passed the MLP's final accuracy at epoch {reach[0]} ({reach[1]:.0f} s)." if reach else
-           "the ResNet never reached the MLP's final accuracy."),
-        f"7. {'Inductive bias beats width' if better else 'Here width won'}: locality and weight sharing are "
-        f"built into the convolution, while the MLP must learn them from {mlp['n_train']:,} images.",
-        f"8. BatchNorm plus a one-cycle schedule (peak LR {res['config']['lr']:g}, SGD + Nesterov) got the CNN "
-        f"there in {epochs(res)}; the whole run cost {t_ratio:.1f}x the MLP's wall time.",
-        f"9. Residual connections: in a {grads['depths'][deep]}-layer Linear+ReLU stack the first layer's gradient "
-        f"norm is >= {g_res:.1e} with the identity path, <= {g_plain:.1e} without ({len(grads['seeds'])} seeds).",
-        f"10. Verdict: {'for images pick the architecture before the width' if better else 'this run favours the MLP'}"
-        f": {p_ratio:.0f}x fewer parameters, {100 * (res['test_acc'] - mlp['test_acc']):+.2f} accuracy points, "
-        f"{t_ratio:.1f}x the training time.",
-    ]
-
-
-def comparison_table(res: dict, mlp: dict) -> str:
-    lines = ["| model | test accuracy | parameters | epochs | wall time (s) | s / epoch |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name, r in (("ResNet (this day)", res), ("MLP (Day 4 `train()`, default Config)", mlp)):
-        n = len(r["history"])
-        lines.append(f"| {name} | {r['test_acc']:.2%} | {r['params']:,} | {n} | {r['wall_s']:.1f} | "
-                     f"{r['wall_s'] / n:.1f} |")
-    return "\n".join(lines)
-
-
-def plot(res: dict, mlp: dict, grads: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, r, marker in (("ResNet", res, "o-"), ("MLP (Day 4)", mlp, "s-")):
-        ax1.plot([h["elapsed_s"] for h in r["history"]], [100 * h["test_acc"] for h in r["history"]], marker,
-                 label=f"{name}, {r['params']:,} params")
-    ax1.axhline(99, color="gray", ls="--", label="99% gate")
-    ax1.set(title="MNIST test accuracy vs wall time", xlabel="seconds since start", ylabel="accuracy (%)")
-    ax1.legend()
-    for name, key, marker in (("with residual", "residual", "o-"), ("plain stack", "plain", "s-")):
-        median = [sorted(v)[len(v) // 2] for v in grads[key]]
-        ax2.plot(grads["depths"], median, marker, label=name)
-    ax2.set(yscale="log", title="first-layer gradient norm (median of seeds)", xlabel="depth (Linear+ReLU layers)",
-            ylabel="||dL/dW1||")
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def reconciliation_text(demo: dict) -> str:
-    p, s, b = demo["prefixed"], demo["stripped"], demo["backbone_only"]
-    return "\n".join([
-        f"- strict load of a `module.`-prefixed state_dict: `{demo['strict_error']}`",
-        f"- strict=False: {p['missing']} missing (e.g. {p['example_missing']}), {p['unexpected']} unexpected "
-        f"(e.g. {p['example_unexpected']}); nothing was loaded",
-        f"- after stripping `module.`: missing {s['missing']}, unexpected {s['unexpected']}; "
-        f"max |logit difference| vs the source model = {s['max_logit_diff']:.1e}",
-        f"- backbone only into a 5-class model (strict=False): missing {b['missing']}, unexpected {b['unexpected']}",
-        f"- the full state_dict into the 5-class model, even with strict=False: `{demo['shape_error']}`",
-    ])
-
-
 def main(argv=None) -> dict:
-    d = Config()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=d.epochs, help="ResNet epochs (the MLP keeps Day 4's)")
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
-    parser.add_argument("--lr", type=float, default=d.lr, help="peak LR of the one-cycle schedule")
-    parser.add_argument("--widths", type=int, nargs="+", default=list(d.widths), help="channels per stage")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--device", default=d.device, help="cpu, cuda, mps (default: best available)")
-    parser.add_argument("--train-subset", type=int, default=None, help="first N training images (both models)")
-    parser.add_argument("--test-subset", type=int, default=None, help="first N test images (both models)")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="where the tables and plots go")
-    args = parser.parse_args(argv)
-    try:
-        cfg = Config(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, widths=args.widths,
-                     seed=args.seed, device=args.device, train_subset=args.train_subset,
-                     test_subset=args.test_subset)
-    except ValueError as exc:
-        parser.error(str(exc))
-
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
     result = compare(cfg)
-    res, mlp, grads = result["resnet"], result["mlp"], result["residual"]
-    table = comparison_table(res, mlp)
-    lines = conclusion(res, mlp, grads)
-    demo = reconciliation_demo(res["model"])
-    print("\n" + table + "\n\nConclusion (generated from the figures above):\n" + "\n".join(lines))
-    print("\nstate_dict reconciliation:\n" + reconciliation_text(demo))
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(res, mlp, grads, args.out / "comparison.png")
-    (args.out / "comparison.md").write_text(table + "\n\n" + "\n".join(lines) + "\n")
-    (args.out / "state_dict.md").write_text(reconciliation_text(demo) + "\n")
-    summary = {name: {k: v for k, v in r.items() if k != "model"} for name, r in (("resnet", res), ("mlp", mlp))}
-    summary |= {"residual": grads, "state_dict": demo}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out}/comparison.png, comparison.md, state_dict.md, summary.json")
+    demo = reconciliation_demo(result["resnet"]["model"])
+    lines = write_report(out, result, demo)
     return result | {"conclusion": lines, "state_dict": demo}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -118,3 +118,15 @@ def mnist_tensors(train: bool = True, device: str | torch.device = "cpu", root: 
     """
     x, y = _cpu_tensors(train, str(root))
     return x.to(device), y.to(device)
+
+
+SPLIT_SEED = 1234  # the validation images never change, whatever the training seed
+
+
+def mnist_split(val_size: int = 5000, device: str | torch.device = "cpu", seed: int = SPLIT_SEED):
+    """MNIST's 60,000 training images split once into `((x_train, y_train), (x_val, y_val))` (copies): tune on the
+    validation images, keep the test set for one final score. The same images as Day 6's `split_mnist`."""
+    x, y = mnist_tensors(train=True, device=device)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed)).to(x.device)
+    val, train = perm[:val_size], perm[val_size:]
+    return (x[train], y[train]), (x[val], y[val])

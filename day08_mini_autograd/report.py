@@ -1,0 +1,49 @@
+"""Day 8's report: the experiments' answers in words, the plot and the summary file that `main.py` writes."""
+import json
+
+from sprint import machine
+from sprint.plots import save, subplots
+
+
+def print_experiments(r):
+    print(f"(1) '=' instead of '+=': d(x*x)/dx at x={r['probe_x']:g} is {r['square_grad_overwrite']:g} instead of "
+          f"{r['square_grad_correct']:g} (the second path overwrites the first);")
+    print(f"    XOR final loss {r['xor_overwrite']['final_loss']:.4f} instead of {r['xor']['final_loss']:.4f}")
+    print(f"(2) no gradient reset: gradients pile up step after step; XOR final loss "
+          f"{r['xor_no_zero_grad']['final_loss']:.4f} (min along the way "
+          f"{min(r['xor_no_zero_grad']['losses']):.4f}) instead of {r['xor']['final_loss']:.4f}")
+    print(f"(3) no topological order: on the diamond y=(u+1)*(2u), u=x*x, dy/dx at x={r['probe_x']:g} is "
+          f"{r['diamond_grad_no_topological']:g}; in topological order {r['diamond_grad_topological']:g} "
+          f"(exact {r['diamond_grad_exact']:g})")
+    print(f"(4) the same net in torch: every gradient within rtol + atol of torch's, the worst using "
+          f"{r['torch_grad_tolerance_used_init']:.1e} of its tolerance at the start and "
+          f"{r['torch_grad_tolerance_used_trained']:.1e} after training")
+
+
+def plot(experiments, mnist, path):
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(11, 4))
+    for key, label in [("xor", "correct"), ("xor_overwrite", "(1) '=' instead of '+='"),
+                       ("xor_no_zero_grad", "(2) no gradient reset")]:
+        ax1.semilogy(experiments[key]["losses"], label=label)
+    ax1.axhline(0.01, color="gray", ls="--", label="gate: 0.01")
+    ax1.set(title="XOR, 2-2-1 tanh net, scalar engine", xlabel="step", ylabel="MSE (log scale)")
+    ax1.legend()
+    epochs = [h["epoch"] for h in mnist["history"]]
+    ax2.plot(epochs, [100 * h["test_acc"] for h in mnist["history"]], "o-")
+    ax2.axhline(97, color="gray", ls="--", label="gate: 97%")
+    ax2.set(title=f"MNIST, 784-{mnist['hidden']}-10 MLP, NumPy Tensor engine", xlabel="epoch",
+            ylabel="test accuracy (%)", xticks=epochs)
+    ax2.legend()
+    save(fig, path)
+
+
+def write_results(out, experiments, mnist):
+    """`day08.png` and `summary.json` (every figure of the README's Day 8 tables, with the machine that ran them)."""
+    out.mkdir(parents=True, exist_ok=True)
+    plot(experiments, mnist, out / "day08.png")
+    summary = {"machine": machine()} | {k: v for k, v in experiments.items() if not isinstance(v, dict)}
+    summary |= {f"{k}_final_loss": experiments[k]["final_loss"] for k in ("xor", "xor_overwrite", "xor_no_zero_grad")}
+    summary["xor_no_zero_grad_min_loss"] = min(experiments["xor_no_zero_grad"]["losses"])
+    summary["mnist"] = mnist
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out / 'day08.png'} and summary.json")
