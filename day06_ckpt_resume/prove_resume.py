@@ -33,7 +33,7 @@ from day06_ckpt_resume.report import plot_overlay, write_optimizer_table
 from sprint import REPO_ROOT, runs_dir
 from sprint.cli import arg, flag, parse, progress, run
 from sprint.data import prepare_mnist
-from sprint.measure import machine
+from sprint import machine
 
 MAIN = Path(__file__).resolve().parent / "main.py"
 STATE_KEYS = ("model", "optimizer", "scheduler", "sampler", "rng", "step", "best_val", "best_step", "bad_epochs")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from day06_ckpt_resume.checkpoint import read_metrics
 from sprint import plots
-from sprint.measure import machine
+from sprint import machine
 
 
 def write_results(out: Path, stem: str, result, table, plot, started: float) -> None:

@@ -38,7 +38,8 @@ from day06_ckpt_resume.main import Config, Trainer
 from day07_amp_accum.report import plot_table, write_table
 from sprint import runs_dir
 from sprint.cli import arg, from_args, parser_for, run, unwritable
-from sprint.measure import cpu_info, median_seconds, saved_bytes
+from sprint import cpu_info
+from sprint.measure import median_seconds, saved_bytes
 
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 PRECISION = {"off": "fp32", "fp16": "fp16 autocast", "bf16": "bf16 autocast"}

@@ -31,7 +31,8 @@ from torch.utils.checkpoint import checkpoint
 from sprint import runs_dir
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.device import pick_device
-from sprint.measure import PeakBytes, SavedBytes, machine, median_seconds, quiet_profiler
+from sprint import machine
+from sprint.measure import PeakBytes, SavedBytes, median_seconds, quiet_profiler
 
 MiB = 2**20
 MODES = ("fp32", "fp32 + checkpoint", "bf16 autocast")  # the three lines of each plot

@@ -32,7 +32,8 @@ from day04_mlp_mnist.main import MLP
 from day11_profile.main import prepared
 from sprint import runs_dir
 from sprint.cli import UserError, arg, parse, run, validate
-from sprint.measure import machine, median_seconds
+from sprint import machine
+from sprint.measure import median_seconds
 
 SIZES = (256, 256, 216, 256, 96)  # full batches; the last of 55,000 images (216); the last of 60,000 (96)
 

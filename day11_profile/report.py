@@ -11,7 +11,7 @@ import torch
 from day11_profile.bands import BANDS
 from day11_profile.main import LABELS
 from sprint import REPO_ROOT
-from sprint.measure import machine
+from sprint import machine
 from sprint.plots import save, subplots
 
 

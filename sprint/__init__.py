@@ -2,6 +2,7 @@
 command lines (`cli`), measurements (`measure`) and plots (`plots`)."""
 import os
 import platform
+import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -13,8 +14,8 @@ def runs_dir(day_file: str, *parts: str) -> Path:
     return RUNS_ROOT.joinpath(Path(day_file).resolve().parent.name, *parts)
 
 
-def machine() -> str:
-    """This CPU as a timing should name it: model, logical cores and the vector extensions that change speed."""
+def cpu_info() -> tuple[str, set[str]]:
+    """(CPU model, its feature flags) from /proc/cpuinfo on Linux; the platform's name and no flags elsewhere."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -23,7 +24,21 @@ def machine() -> str:
                 model = value.strip()
             elif key.strip() == "flags":
                 flags = set(value.split())
-    except OSError:  # not Linux: the platform's own name
+    except OSError:
         pass
+    return model, flags
+
+
+def machine() -> str:
+    """The hardware a timing belongs to: CPU model, logical cores and the vector extensions that change speed
+    (AVX2, AVX-512, AMX-BF16); once torch is loaded, also its CPU kernels and thread count, and the GPU if any.
+    Importing torch is left to the caller, so torch-free benchmarks can name their machine too."""
+    model, flags = cpu_info()
     isa = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("amx_bf16", "AMX-BF16")) if flag in flags]
-    return f"{model}, {os.cpu_count()} logical cores" + (f", {' + '.join(isa)}" if isa else "")
+    text = f"{model}, {os.cpu_count()} logical cores" + (f", {' + '.join(isa)}" if isa else "")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        text += f" (torch: {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"
+        if torch.cuda.is_available():
+            text = f"{torch.cuda.get_device_name()}; host {text}"
+    return text

@@ -1,15 +1,13 @@
 """Measurements every day takes the same way: bytes saved for backward, true peak memory, step time, parameter
-counts, and the machine a timing belongs to.
+counts (the machine a timing belongs to is `sprint.machine()`).
 
 Timing convention: the median of `repeat` calls after `warmup` untimed ones, with CUDA synchronised around each
 call. Timings are machine-specific, so figures that gates compare are ratios measured in the same run.
 """
 import os
-import platform
 import statistics
 import time
 import weakref
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -135,32 +133,6 @@ def peak_bytes(fn) -> int:
     with PeakBytes() as counter:
         fn()
     return counter.peak
-
-
-def cpu_info() -> tuple[str, set[str]]:
-    """(CPU model, its feature flags) from /proc/cpuinfo on Linux; the platform's name and no flags elsewhere."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return model, flags
-
-
-def machine() -> str:
-    """The hardware a timing belongs to: the GPU's name, or the CPU's model, cores, the vector extensions that
-    change speed (AVX2, AVX-512, AMX-BF16) and torch's thread count."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    model, flags = cpu_info()
-    isa = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("amx_bf16", "AMX-BF16")) if flag in flags]
-    return (f"{model}, {os.cpu_count()} logical cores" + (f", {' + '.join(isa)}" if isa else "")
-            + f" (torch: {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)")
 
 
 def quiet_profiler() -> None:

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from sprint import REPO_ROOT, runs_dir
+from sprint import REPO_ROOT, machine, runs_dir
 from sprint.cli import UserError, arg, parse, run, unwritable, validate
-from sprint.measure import PeakBytes, count_params, machine, median_seconds, peak_bytes, saved_bytes
+from sprint.measure import PeakBytes, count_params, median_seconds, peak_bytes, saved_bytes
 
 
 @dataclass
