@@ -114,7 +114,11 @@ def cpu_step_peak(cfg: config.Config, info) -> int:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.load(open(f.name))["traceEvents"]
-    return max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
+    totals = [(e["args"]["Total Allocated"], e["args"]["Bytes"]) for e in events if e.get("name") == "[memory]"]
+    # The running total also holds what earlier profiling sessions of this process allocated and never freed:
+    # measure from the total before the step's first allocation.
+    before = totals[0][0] - totals[0][1]
+    return max(total for total, _ in totals) - before
 
 
 def cuda_library_bytes() -> int:
