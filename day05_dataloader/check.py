@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Subset
 
 from day05_dataloader import main as day
+from day05_dataloader import report
 from sprint.data import mnist
 from sprint.gates import Gates, run_this_file
 
@@ -94,7 +95,7 @@ def test_default_collate_fails_on_variable_length_items_and_pad_collate_pads():
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")  # 4 > 2 cores on purpose
 def test_timing_table_has_rows_for_0_2_4_workers_with_positive_times(tmp_path):
     timing = day.time_workers((0, 2, 4), samples=768, batch_size=128, log=lambda *_: None)
-    day.write_timing(timing, day.interpret(timing), tmp_path)
+    report.write_timing(timing, report.interpret(timing), tmp_path)
     with open(tmp_path / "worker_timing.csv") as f:
         rows = list(csv.DictReader(f))
     times = [float(r[k]) for r in rows for k in ("first_batch_s", "data_epoch_s", "train_epoch_s")]
