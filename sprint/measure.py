@@ -3,8 +3,11 @@
 Timing convention: the median of `repeat` calls after `warmup` untimed ones, with CUDA synchronised around each
 call. Timings are machine-specific, so figures that gates compare are ratios measured in the same run.
 """
+import os
+import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -68,3 +71,20 @@ def median_seconds(fn, repeat: int = 10, warmup: int = 1) -> float:
 def count_params(model: nn.Module, trainable_only: bool = True) -> int:
     """Number of parameters (shared ones once), only those with requires_grad unless `trainable_only=False`."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name; platform.processor() is empty on most Linux systems, so read /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """One line naming where a timing was taken: CPU model, cores, torch threads, and the GPU if there is one."""
+    text = f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    return f"{text}, {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else text
