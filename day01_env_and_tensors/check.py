@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import pytest
 import torch
 
+from day01_env_and_tensors import diagnose_cuda as chain
 from day01_env_and_tensors import main as day
 from sprint.gates import Gates, run_this_file
 
@@ -54,7 +55,7 @@ def test_report_and_diagnosis_on_a_real_gpu():
     gates.check("report fields left empty on a real GPU", empty_fields(report), "==", [])
     gates.check("real GPU: compute capability as torch.cuda reports it", report.gpu.compute_capability, "==",
                 "{}.{}".format(*torch.cuda.get_device_capability(0)))
-    gates.check("diagnosis on a real GPU: step 0", day.diagnose_cuda().step, "==", 0)
+    gates.check("diagnosis on a real GPU: step 0", chain.diagnose_cuda().step, "==", 0)
 
 
 # ------------------------------------------------------------------------------------------- diagnosis
@@ -66,16 +67,16 @@ BANNER = "| NVIDIA-SMI 580.65   Driver Version: 580.65   CUDA Version: {} |"
 def machine(monkeypatch):
     """A simulated machine on which every step of the chain passes, yet CUDA is unavailable (step 6)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(day, "nvidia_smi_output", lambda: BANNER.format("13.0"))
+    monkeypatch.setattr(chain, "nvidia_smi_output", lambda: BANNER.format("13.0"))
     monkeypatch.setattr(torch, "__version__", "2.14.1+cu130")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(day, "virtualization_hints", lambda: ["wsl"])
+    monkeypatch.setattr(chain, "virtualization_hints", lambda: ["wsl"])
     return monkeypatch
 
 
 def no_driver(m):
-    m.setattr(day, "nvidia_smi_output", lambda: None)
+    m.setattr(chain, "nvidia_smi_output", lambda: None)
 
 
 def cpu_only_build(m):
@@ -93,7 +94,7 @@ SIMULATED = {  # name: (what differs from the healthy-but-unavailable machine, t
     "CPU-only build": (cpu_only_build, 2),
     "no driver and CPU-only build": (no_driver_and_cpu_only_build, 1),  # the chain's order decides
     "torch.version.cuda None": (lambda m: m.setattr(torch.version, "cuda", None), 3),
-    "driver older than wheel": (lambda m: m.setattr(day, "nvidia_smi_output", lambda: BANNER.format("12.4")), 4),
+    "driver older than wheel": (lambda m: m.setattr(chain, "nvidia_smi_output", lambda: BANNER.format("12.4")), 4),
     "CUDA_VISIBLE_DEVICES empty": (lambda m: m.setenv("CUDA_VISIBLE_DEVICES", ""), 5),
     "CUDA_VISIBLE_DEVICES -1": (lambda m: m.setenv("CUDA_VISIBLE_DEVICES", "-1"), 5),
     "WSL without passthrough": (lambda m: None, 6),
@@ -105,7 +106,7 @@ SIMULATED = {  # name: (what differs from the healthy-but-unavailable machine, t
 def test_diagnosis_names_the_right_step_on_a_simulated_machine(machine, name):
     change, expected = SIMULATED[name]
     change(machine)
-    gates.check(f"simulated {name}: diagnosis names step {expected}", day.diagnose_cuda().step, "==", expected)
+    gates.check(f"simulated {name}: diagnosis names step {expected}", chain.diagnose_cuda().step, "==", expected)
 
 
 def driver_installed() -> bool:
@@ -121,7 +122,8 @@ def driver_installed() -> bool:
 
 
 def expected_step() -> int:
-    """The step an independent look at this machine predicts; 4 stands for "4, 5 or 6" (driver and CUDA build present)."""
+    """The step an independent look at this machine predicts; 4 stands for "4, 5 or 6" (driver and CUDA build
+    present: what remains depends on the driver's version, the environment and the virtualisation)."""
     if torch.cuda.is_available():
         return 0
     if not driver_installed():
@@ -132,7 +134,7 @@ def expected_step() -> int:
 
 
 def test_diagnosis_of_this_machine_agrees_with_an_independent_driver_probe():
-    expected, step = expected_step(), day.diagnose_cuda().step
+    expected, step = expected_step(), chain.diagnose_cuda().step
     gates.check(f"this machine: diagnosis names the step the driver probe predicts ({expected})",
                 min(step, 4) if expected == 4 else step, "==", expected)
 
@@ -176,11 +178,13 @@ def test_view_on_transposed_tensor_raises(lessons):
 
 
 def test_reshape_of_transposed_tensor_copies(lessons):
-    gates.check("reshape of a transpose copies (shares no storage)", lessons.views.transpose_reshape_shares, "==", False)
+    gates.check("reshape of a transpose copies (shares no storage)", lessons.views.transpose_reshape_shares, "==",
+                False)
 
 
 def test_reshape_of_contiguous_tensor_shares(lessons):
-    gates.check("reshape of a contiguous tensor shares its storage", lessons.views.reshape_contiguous_shares, "==", True)
+    gates.check("reshape of a contiguous tensor shares its storage", lessons.views.reshape_contiguous_shares, "==",
+                True)
 
 
 def test_permute_shares_storage_and_breaks_contiguity(lessons):

@@ -1,9 +1,9 @@
 """Day 1 — the environment, and what a tensor really is.
 
-Part 1 prints an environment report and walks the six-step "why is torch.cuda.is_available() False?" chain,
-returning the step that explains this machine. Part 2 shows the tensor lessons with evidence rather than
-prose: the three attributes (dtype / device / shape), broadcasting and its silent (N,) vs (N,1) trap, and
-view / reshape / permute / contiguous seen through stride(), is_contiguous() and storage sharing.
+Part 1 prints an environment report and walks the six-step "why is torch.cuda.is_available() False?" chain
+(`diagnose_cuda.py`), returning the step that explains this machine. Part 2 shows the tensor lessons with evidence
+rather than prose: the three attributes (dtype / device / shape), broadcasting and its silent (N,) vs (N,1) trap,
+and view / reshape / permute / contiguous seen through stride(), is_contiguous() and storage sharing.
 
 Run:    python day01_env_and_tensors/main.py     (writes runs/day01_env_and_tensors/report.json)
 Gates:  python day01_env_and_tensors/check.py
@@ -13,9 +13,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 
 import torch
 
+from day01_env_and_tensors.diagnose_cuda import Diagnosis, diagnose_cuda
 from sprint import runs_dir
 from sprint.cli import arg, parse, run, validate
 from sprint.device import pick_device
@@ -31,7 +29,7 @@ from sprint.measure import cpu_model
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Part 1a: the environment report
+# Part 1: the environment report (the CUDA diagnosis chain is in diagnose_cuda.py)
 # ----------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -72,101 +70,6 @@ def environment_report() -> Environment:
         cuda_build=torch.version.cuda, cuda_available=torch.cuda.is_available(), device=str(pick_device()),
         cpu_model=cpu_model(), cpu_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
         mps_available=torch.backends.mps.is_available(), gpu=gpu)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Part 1b: why is torch.cuda.is_available() False? Walk the chain in order; the first failing step wins.
-# ----------------------------------------------------------------------------------------------------------
-
-def nvidia_smi_output() -> str | None:
-    """nvidia-smi's banner (driver version and the highest CUDA it supports), or None if it is missing/fails."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        done = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def virtualization_hints() -> list[str]:
-    """Signs that we run inside a container, WSL or a VM: where GPU passthrough has to be set up explicitly."""
-    hints = []
-    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
-        hints.append("container")
-    try:
-        if "microsoft" in Path("/proc/version").read_text().lower():
-            hints.append("wsl")
-        if re.search(r"^flags\s*:.*\bhypervisor\b", Path("/proc/cpuinfo").read_text(), re.M):
-            hints.append("vm")
-    except OSError:
-        pass
-    return hints
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
-
-
-@dataclass(frozen=True)
-class CudaFacts:
-    cuda_available: bool
-    nvidia_smi: bool  # nvidia-smi ran and printed its banner
-    kernel_driver_loaded: bool  # /proc/driver/nvidia exists (Linux only)
-    torch_version: str
-    wheel_cuda: str | None
-    driver_max_cuda: str | None  # nvidia-smi's "CUDA Version": the newest runtime the driver supports
-    cuda_visible_devices: str | None
-    virtualization: list[str]
-
-
-def cuda_facts() -> CudaFacts:
-    """Everything the chain inspects, read from torch, the environment and the system (tests monkeypatch these)."""
-    smi = nvidia_smi_output()
-    driver_cuda = re.search(r"CUDA Version:\s*([\d.]+)", smi or "")
-    return CudaFacts(torch.cuda.is_available(), smi is not None, Path("/proc/driver/nvidia/version").exists(),
-                     torch.__version__, torch.version.cuda, driver_cuda.group(1) if driver_cuda else None,
-                     os.environ.get("CUDA_VISIBLE_DEVICES"), virtualization_hints())
-
-
-# (step, what is wrong, the test on the facts, what to do) — the order matters: later steps assume earlier ones pass.
-CHAIN = [
-    (1, "no driver / GPU not visible: nvidia-smi gives no output",
-     lambda f: not f.nvidia_smi,
-     "install the NVIDIA driver; in a container start it with --gpus all (nvidia-container-toolkit)"),
-    (2, "CPU-only torch build ('+cpu' in torch.__version__)",
-     lambda f: "+cpu" in f.torch_version,
-     "pip uninstall torch torchvision, then reinstall from the CUDA index-url (download.pytorch.org/whl/cu1xx)"),
-    (3, "torch.version.cuda is None: not a CUDA wheel",
-     lambda f: f.wheel_cuda is None,
-     "same fix as step 2: install a CUDA wheel"),
-    (4, "driver older than the wheel: its highest CUDA version < torch.version.cuda",
-     lambda f: f.driver_max_cuda is not None and version_tuple(f.driver_max_cuda) < version_tuple(f.wheel_cuda),
-     "upgrade the driver, or install a wheel built for an older CUDA"),
-    (5, "CUDA_VISIBLE_DEVICES hides every GPU (set to '' or -1)",
-     lambda f: f.cuda_visible_devices is not None and f.cuda_visible_devices.strip() in ("", "-1"),
-     "unset CUDA_VISIBLE_DEVICES or list a real device index"),
-    (6, "everything above is fine: check WSL / container / VM GPU passthrough",
-     lambda f: True,
-     "enable GPU passthrough for the VM, WSL2 or container runtime"),
-]
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    step: int  # 0: CUDA is available
-    problem: str
-    fix: str
-    facts: CudaFacts
-
-
-def diagnose_cuda(facts: CudaFacts | None = None) -> Diagnosis:
-    """Return the first step of the chain that explains why CUDA is unavailable (step 0: it is available)."""
-    facts = cuda_facts() if facts is None else facts
-    if facts.cuda_available:
-        return Diagnosis(0, "none: torch.cuda.is_available() is True", "", facts)
-    step, problem, _, fix = next(link for link in CHAIN if link[2](facts))  # step 6 always matches
-    return Diagnosis(step, problem, fix, facts)
 
 
 # ----------------------------------------------------------------------------------------------------------
