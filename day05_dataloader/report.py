@@ -1,10 +1,27 @@
-"""Day 5's report: what the worker-timing table means, the table itself (Markdown + CSV), its bar chart, and the
-grid of augmented digits."""
+"""Day 5's evidence and report: the augmentation runs compared, what the worker-timing table means, the table itself
+(Markdown + CSV), its bar chart, and the grid of augmented digits."""
 import csv
 from pathlib import Path
 
 import numpy as np
 import torch
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
+    return (a.int() - b.int()).abs().max().item()  # in int: uint8 subtraction would wrap around
+
+
+def augmentation_report(run1: list, run2: list, other_seed: list) -> dict:
+    """Compare three runs of `augmentation_batches` (lists of (worker id, images)): seed s, seed s again, seed s+1."""
+    (_, a), (_, b) = run1[:2]  # worker 0's batch and worker 1's batch
+    return {
+        "workers": [w for w, _ in run1],
+        "max_diff_between_runs": max(max_abs_diff(x, y) for (_, x), (_, y) in zip(run1, run2)),
+        "max_diff_between_workers": max_abs_diff(a, b),  # same source image, same positions in the batch
+        "max_diff_between_seeds": max(max_abs_diff(x, y) for (_, x), (_, y) in zip(run1, other_seed)),
+        "images": torch.cat([x for _, x in run1]),
+        "image_workers": [w for w, x in run1 for _ in range(len(x))],
+    }
 
 
 def interpret(timing: dict) -> str:
