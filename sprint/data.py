@@ -141,22 +141,27 @@ def mnist(train: bool = True, transform=None, root: str | Path | None = None):
 
 
 @functools.lru_cache(maxsize=2)
-def _cpu_tensors(train: bool, root: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _raw(train: bool, root: str) -> tuple[np.ndarray, np.ndarray]:
+    """The split's uint8 images (N, 28, 28) and labels (N,), parsed once per process and never handed out."""
     images, labels = map(read_idx, raw_paths(train, root))
+    return images, labels
+
+
+def _tensors(images: np.ndarray, labels: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """New tensors every call: `.float()` and `.long()` convert uint8, so they copy instead of sharing the cache."""
     x = torch.from_numpy(images).unsqueeze(1).float()  # (N, 1, 28, 28) in [0, 255]
-    x.sub_(255 * MEAN).div_(255 * STD)  # (x / 255 - MEAN) / STD, normalised once, in place
-    return x, torch.from_numpy(labels).long()
+    x.sub_(255 * MEAN).div_(255 * STD)  # (x / 255 - MEAN) / STD, in place on the fresh copy
+    return x.to(device), torch.from_numpy(labels).long().to(device)
 
 
 def mnist_tensors(train: bool = True, device: str | torch.device = "cpu", root: str | Path | None = None):
     """The whole split as normalised tensors `(x: (N,1,28,28) float32, y: (N,) int64)` kept in memory.
 
     Decoding 60,000 PIL images per epoch is the classic bottleneck; doing it once is the fix (Days 5, 11).
-    The split is parsed once per process; each call returns its own copy, so editing it in place (augmenting,
-    normalising again) cannot change what the next caller gets.
+    The files are parsed once per process; each call returns tensors of its own, so editing them in place
+    (augmenting, normalising again) cannot change what the next caller gets.
     """
-    x, y = _cpu_tensors(train, str(root or DATA_ROOT))
-    return x.to(device, copy=True), y.to(device, copy=True)
+    return _tensors(*_raw(train, str(root or DATA_ROOT)), device)
 
 
 def mnist_split(val_size: int = 5000, device: str | torch.device = "cpu", train_subset: int | None = None,
@@ -164,7 +169,7 @@ def mnist_split(val_size: int = 5000, device: str | torch.device = "cpu", train_
     """`((x_train, y_train), (x_val, y_val))`: the 60,000 training images split by one fixed permutation (seed
     1234), `val_size` of them held out for validation; `train_subset` keeps the first N of the rest. Tune on
     these; the test set (`mnist_tensors(train=False)`) stays for the end."""
-    x, y = _cpu_tensors(True, str(root or DATA_ROOT))
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    images, labels = _raw(True, str(root or DATA_ROOT))
+    perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
     val, train = perm[:val_size], perm[val_size:][:train_subset]
-    return (x[train].to(device), y[train].to(device)), (x[val].to(device), y[val].to(device))  # indexing copies
+    return _tensors(images[train], labels[train], device), _tensors(images[val], labels[val], device)
