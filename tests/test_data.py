@@ -1,5 +1,6 @@
 """Offline MNIST: the bundled copy is complete, verified, and failures read as one clear message."""
 import gzip
+import importlib
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from sprint import data
+from sprint.cli import run
 from sprint.data import MNISTUnavailable, RAW_MD5, md5sum, mnist, prepare_mnist
 
 TRAIN_CLASS_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -124,3 +126,42 @@ def test_a_truncated_idx_file_is_refused(tmp_path):
     short.write_bytes(raw.read_bytes()[:-10])
     with pytest.raises(MNISTUnavailable, match="holds 9990 bytes of data"):
         data.read_idx(short)
+
+
+@pytest.fixture
+def no_mnist(tmp_path, monkeypatch):
+    """No prepared copy, no bundle, and no network: where `sprint.data` looks, nothing is found."""
+    monkeypatch.setattr(data, "DATA_ROOT", tmp_path / "root")
+    monkeypatch.setattr(data, "BUNDLE_DIR", tmp_path / "no-bundle")
+
+    def offline(root, train=True, download=False):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr("torchvision.datasets.MNIST", offline)
+    return tmp_path
+
+
+@pytest.fixture
+def corrupt_mnist(tmp_path, monkeypatch):
+    """The bundle with one file truncated, and no prepared copy."""
+    bundle = _bundle_copy(tmp_path)
+    bad = bundle / "train-labels-idx1-ubyte.gz"
+    bad.write_bytes(bad.read_bytes()[:500])
+    monkeypatch.setattr(data, "DATA_ROOT", tmp_path / "root")
+    monkeypatch.setattr(data, "BUNDLE_DIR", bundle)
+    return tmp_path
+
+
+MNIST_MAINS = {"day04_mlp_mnist.main": ["--epochs", "1"], "day05_dataloader.main": ["--smoke", "--workers", "0"]}
+
+
+@pytest.mark.parametrize("broken", ["no_mnist", "corrupt_mnist"])
+@pytest.mark.parametrize("module", MNIST_MAINS)
+def test_a_main_without_usable_mnist_prints_one_line_and_exits_1(module, broken, request, capsys):
+    folder = request.getfixturevalue(broken)
+    with pytest.raises(SystemExit) as exc:
+        run(importlib.import_module(module).main, [*MNIST_MAINS[module], "--out", str(folder / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: MNIST") and "git checkout -- data/mnist" in err
+    assert not (folder / "out").exists()
