@@ -221,15 +221,16 @@ def time_workers(worker_counts=(0, 2, 4), samples: int = 60_000, batch_size: int
 
 @dataclass
 class Config:
-    samples: int | None = arg(None, "samples per timed epoch, the first N training images (default 60000; 512 with "
-                                    "--smoke)", gt=0, le=SIZES[True])
-    batch_size: int | None = arg(None, "images per batch (default 256; 128 with --smoke)", gt=0)
+    samples: int | None = arg(None, "samples per timed epoch, the first N training images; none given: 60000, or "
+                                    "512 with --smoke", gt=0, le=SIZES[True])
+    batch_size: int | None = arg(None, "images per batch; none given: 256, or 128 with --smoke", gt=0)
     workers: tuple[int, ...] = arg((0, 2, 4), "num_workers values to time, e.g. --workers 0 2 4", ge=0)
     seed: int = arg(0, "seed of the shuffle, the augmentations and the model")
-    threads: int | None = arg(None, "intra-op threads of the training process (default: torch's, one per core)", gt=0)
-    start_method: str | None = arg(None, "how worker processes start (default: the platform's; spawn on macOS and "
-                                         "Windows)", choices=("fork", "spawn", "forkserver"))
-    device: str | None = arg(None, "where the training step runs: cpu, cuda or mps (default: the best available)")
+    threads: int | None = arg(None, "intra-op threads of the training process; none given: torch's, one per core",
+                              gt=0)
+    start_method: str | None = arg(None, "how worker processes start; none given: the platform's (spawn on macOS "
+                                         "and Windows)", choices=("fork", "spawn", "forkserver"))
+    device: str | None = arg(None, "where the training step runs: cpu, cuda or mps; none given: the best available")
     smoke: bool = arg(False, "small defaults (512 samples, batch 128) for --samples and --batch-size not given")
     timing_only: bool = arg(False, "skip the demos [1]-[3], only time the workers")
 
