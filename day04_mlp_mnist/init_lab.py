@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from day04_mlp_mnist.main import ACTIVATIONS, MLP
 from sprint import runs_dir
-from sprint.cli import arg, parse, run, validate
+from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import mnist_split
 from sprint.measure import count_params
 from sprint.plots import save, subplots
@@ -151,13 +151,18 @@ def ffn_params(d: int) -> dict:
 
 # --- report -------------------------------------------------------------------------------------------------------
 def lab(seed: int = 0) -> dict:
-    return {
-        "symmetry": [symmetry(w, seed=seed) for w in ("zero", "constant", "random")],
-        "stds": {act: {s: activation_stds(s, act, seed=seed) for s in INITS} for act in ("relu", "tanh")},
-        "dead": [dead_units("relu", NORMAL_LR, seed=seed)]
-        + [dead_units(act, TOO_LARGE_LR, seed=seed) for act in ("relu", "gelu", "silu")],
-        "ffn": [ffn_params(d) for d in (768, 3072)],
-    }
+    with progress(total=3 + 2 * len(INITS) + 4 + 2, desc="init lab", unit="experiment") as bar:
+        def done(result):
+            bar.update()
+            return result
+
+        return {
+            "symmetry": [done(symmetry(w, seed=seed)) for w in ("zero", "constant", "random")],
+            "stds": {act: {s: done(activation_stds(s, act, seed=seed)) for s in INITS} for act in ("relu", "tanh")},
+            "dead": [done(dead_units("relu", NORMAL_LR, seed=seed))]
+            + [done(dead_units(act, TOO_LARGE_LR, seed=seed)) for act in ("relu", "gelu", "silu")],
+            "ffn": [done(ffn_params(d)) for d in (768, 3072)],
+        }
 
 
 def tables(r: dict) -> str:
