@@ -211,7 +211,7 @@ def time_workers(worker_counts=(0, 2, 4), samples: int = 60_000, batch_size: int
                      "train_epoch_s": round(train["seconds"], 3), "train_samples_per_s": round(train["samples_per_s"]),
                      "exactly_once": exactly_once})
         log(f"num_workers={num_workers}: first batch {data['first_batch_s']:.2f} s | data-only epoch "
-            f"{data['seconds']:.2f} s | training epoch {train['seconds']:.2f} s | each sample exactly once: {exactly_once}")
+            f"{data['seconds']:.2f} s | training epoch {train['seconds']:.2f} s | each sample once: {exactly_once}")
     model_only = model_only_throughput(files, samples, batch_size, seed, device)
     log(f"model only (batches already in memory): {model_only:,.0f} samples/s")
     return {"rows": rows, "model_only_samples_per_s": round(model_only), "samples": samples,
