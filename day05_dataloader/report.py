@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sprint.plots import save, subplots
+
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
     return (a.int() - b.int()).abs().max().item()  # in int: uint8 subtraction would wrap around
@@ -75,14 +77,9 @@ def write_timing(timing: dict, text: str, out_dir: Path) -> None:
     md.append(f"\nModel step alone (batches in memory): {timing['model_only_samples_per_s']:,} samples/s.\n")
     (out_dir / "worker_timing.md").write_text("\n".join(md) + "\n" + text + "\n")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [str(r["num_workers"]) for r in rows]
     pos = np.arange(len(rows))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(10, 4))
     ax1.bar(pos - 0.2, [r["data_epoch_s"] for r in rows], 0.4, label="data only (incl. worker start)")
     ax1.bar(pos + 0.2, [r["train_epoch_s"] for r in rows], 0.4, label="data + training step")
     ax1.set(title=f"one epoch ({timing['samples']:,} samples)", xlabel="num_workers", ylabel="seconds",
@@ -94,24 +91,15 @@ def write_timing(timing: dict, text: str, out_dir: Path) -> None:
     ax2.set(title=f"throughput on {timing['cpu_count']} CPU cores", xlabel="num_workers", ylabel="samples/s",
             xticks=pos, xticklabels=labels)
     ax2.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "worker_timing.png", dpi=100)
-    plt.close(fig)
+    save(fig, out_dir / "worker_timing.png")
 
 
 def plot_augmentations(original: torch.Tensor, aug: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     images = [original] + list(aug["images"])
     titles = ["original"] + [f"worker {w}" for w in aug["image_workers"]]
-    fig, axes = plt.subplots(1, len(images), figsize=(1.5 * len(images), 1.9))
+    fig, axes = subplots(1, len(images), figsize=(1.5 * len(images), 1.9))
     for ax, img, title in zip(axes, images, titles):
         ax.imshow(img[0], cmap="gray")
         ax.set_title(title, fontsize=8)
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
