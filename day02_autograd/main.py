@@ -3,12 +3,13 @@
 Forward records, for each op, how to push a gradient back through it; backward walks that graph from the loss
 and accumulates (+=) gradients into the leaf tensors. Each lesson below is a function that returns its evidence:
 hand-derived gradients of six ops against autograd, leaf vs non-leaf and retain_grad, detach vs no_grad,
-accumulation and zero_(), the freed graph and retain_graph, and a custom autograd.Function checked by gradcheck.
+accumulation and zero_(), the freed graph and retain_graph, and a custom autograd.Function checked by gradcheck
+(`custom_function.py`).
 
-Run:    python day02_autograd/main.py     (a few seconds; writes day02_autograd/results/summary.json)
+Run:    python day02_autograd/main.py     (writes runs/day02_autograd/summary.json)
 Gates:  python day02_autograd/check.py
 """
-import argparse
+import dataclasses
 import json
 import sys
 import warnings
@@ -19,12 +20,11 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
 
 import torch
-import torch.nn.functional as F
-from torch.autograd import gradcheck
 
-from day01_env_and_tensors.main import error_of, shares_storage, show
-
-OUT_DIR = Path(__file__).resolve().parent / "results"
+from day01_env_and_tensors.main import Error, error_of, shares_storage, show
+from day02_autograd.custom_function import CustomFunction, check_custom_function
+from sprint import runs_dir
+from sprint.cli import arg, parse, run, validate
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -62,7 +62,13 @@ OPS = {
 }
 
 
-def hand_vs_autograd(seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class HandCheck:
+    formula: str
+    max_abs_diff: float  # max |hand-derived gradient - autograd's| over all inputs
+
+
+def hand_vs_autograd(seed: int = 0) -> dict[str, HandCheck]:
     """For each op: max |hand-derived gradient - autograd's| over all inputs, in float64."""
     gen = torch.Generator().manual_seed(seed)
     result = {}
@@ -77,11 +83,17 @@ def hand_vs_autograd(seed: int = 0) -> dict:
         out.backward(g)
         with torch.no_grad():  # the hand formulas are plain arithmetic, not part of any graph
             hand = op.hand(g, *inputs)
-        result[name] = {"formula": op.formula, "max_abs_diff": max(max_diff(h, x.grad) for h, x in zip(hand, inputs))}
+        result[name] = HandCheck(op.formula, max(max_diff(h, x.grad) for h, x in zip(hand, inputs)))
     return result
 
 
-def exact_linear_square(trials: int = 1000, seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class Exactness:
+    trials: int
+    max_abs_diff: float  # max |hand gradient - w.grad| over the trials
+
+
+def exact_linear_square(trials: int = 1000, seed: int = 0) -> Exactness:
     """L = (w*x + b)**2 on float32 scalars: the hand gradient 2(wx + b)x equals w.grad bit for bit."""
     gen = torch.Generator().manual_seed(seed)
     worst = 0.0
@@ -91,32 +103,39 @@ def exact_linear_square(trials: int = 1000, seed: int = 0) -> dict:
         ((w * x + b) ** 2).backward()
         hand = 2 * (w.detach() * x + b) * x  # chain rule: dL/du = 2u, du/dw = x
         worst = max(worst, abs(hand.item() - w.grad.item()))
-    return {"trials": trials, "max_abs_diff": worst}
+    return Exactness(trials, worst)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # 2. Leaves, non-leaves, retain_grad
 # ----------------------------------------------------------------------------------------------------------
 
-def leaf_and_retain_grad(seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class Leaves:
+    w_is_leaf: bool  # w: created by the user
+    w_grad_fn: str
+    y_is_leaf: bool  # y = w * 2: made by an op
+    y_grad_fn: str
+    y_grad_is_none: bool  # y.grad after backward, without retain_grad
+    warning: str | None  # what reading y.grad raised as a warning
+    retained_grad_minus_2y: float  # max |y.grad - 2y| after y.retain_grad()
+
+
+def leaf_and_retain_grad(seed: int = 0) -> Leaves:
     """Only leaves (tensors you created) keep .grad; an intermediate needs retain_grad() to keep its own."""
     w = torch.randn(3, generator=torch.Generator().manual_seed(seed), requires_grad=True)
     y = w * 2  # made by an op: has a grad_fn, so it is not a leaf
     (y ** 2).sum().backward()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        y_grad_without_retain = y.grad  # None, and torch warns that you probably meant retain_grad()
+        y_grad_is_none = y.grad is None  # and torch warns that you probably meant retain_grad()
 
     kept = w * 2
     kept.retain_grad()  # ask autograd to store this intermediate's gradient too
     (kept ** 2).sum().backward()
-    return {
-        "w.is_leaf": w.is_leaf, "w.grad_fn": str(w.grad_fn),
-        "y.is_leaf": y.is_leaf, "y.grad_fn": type(y.grad_fn).__name__,
-        "y.grad without retain_grad": y_grad_without_retain,
-        "warning": caught[0].category.__name__ if caught else None,
-        "retained grad - 2y": max_diff(kept.grad, 2 * kept.detach()),  # dL/dy of sum(y**2) is 2y
-    }
+    return Leaves(w.is_leaf, str(w.grad_fn), y.is_leaf, type(y.grad_fn).__name__, y_grad_is_none,
+                  caught[0].category.__name__ if caught else None,
+                  max_diff(kept.grad, 2 * kept.detach()))  # dL/dy of sum(y**2) is 2y
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -137,7 +156,19 @@ def saved_bytes(fn: Callable) -> int:
     return total
 
 
-def detach_vs_no_grad(seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class DetachNoGrad:
+    detached_requires_grad: bool
+    detached_shares_storage: bool
+    grad_of_w_times_w_minus_2w: float  # max |w.grad - 2w| for sum(w * w): two paths
+    grad_of_w_times_detached_w_minus_w: float  # max |w.grad - w| for sum(w * w.detach()): one path
+    no_grad_output_requires_grad: bool
+    no_grad_output_grad_fn: str
+    saved_bytes_with_grad: int
+    saved_bytes_under_no_grad: int
+
+
+def detach_vs_no_grad(seed: int = 0) -> DetachNoGrad:
     """detach(): one tensor leaves the graph (same memory). no_grad(): no graph at all inside the block."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(3, generator=gen, requires_grad=True)
@@ -157,23 +188,22 @@ def detach_vs_no_grad(seed: int = 0) -> dict:
     with torch.no_grad():
         out = layer()
         no_grad_bytes = saved_bytes(layer)
-    return {
-        "detached.requires_grad": d.requires_grad,
-        "detached shares storage": shares_storage(w, d),
-        "grad of w*w - 2w": max_diff(both_paths, 2 * d),
-        "grad of w*w.detach() - w": max_diff(w.grad, d),
-        "no_grad output.requires_grad": out.requires_grad,
-        "no_grad output.grad_fn": str(out.grad_fn),
-        "saved bytes with grad": saved_bytes(layer),
-        "saved bytes under no_grad": no_grad_bytes,
-    }
+    return DetachNoGrad(d.requires_grad, shares_storage(w, d), max_diff(both_paths, 2 * d), max_diff(w.grad, d),
+                        out.requires_grad, str(out.grad_fn), saved_bytes(layer), no_grad_bytes)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # 4. Gradients accumulate; the graph is freed after backward
 # ----------------------------------------------------------------------------------------------------------
 
-def accumulation(seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class Accumulation:
+    two_backward_minus_twice_one: float  # max |grad after 2 backward - 2 * grad after 1|
+    after_zero: float  # max |grad| after grad.zero_()
+    zero_then_one_backward_minus_one: float  # max |grad after zero_() + 1 backward - grad after 1|
+
+
+def accumulation(seed: int = 0) -> Accumulation:
     """backward() adds into .grad; nothing resets it until you call zero_() (what optimizer.zero_grad() does)."""
     w = torch.randn(3, generator=torch.Generator().manual_seed(seed), requires_grad=True)
     (w ** 2).sum().backward()
@@ -183,14 +213,17 @@ def accumulation(seed: int = 0) -> dict:
     w.grad.zero_()
     zeroed = w.grad.clone()
     (w ** 2).sum().backward()
-    return {
-        "after two backward - 2 * after one": max_diff(twice, 2 * once),
-        "max |grad| after zero_()": zeroed.abs().max().item(),
-        "after zero_() and one backward - after one": max_diff(w.grad, once),
-    }
+    return Accumulation(max_diff(twice, 2 * once), zeroed.abs().max().item(), max_diff(w.grad, once))
 
 
-def second_backward(seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class SecondBackward:
+    error: Error | None  # a second loss.backward() after the graph was freed
+    error_with_retain_graph: Error | None  # the same after backward(retain_graph=True)
+    grad_minus_4w: float  # max |w.grad - 2 * 2w| after both passes
+
+
+def second_backward(seed: int = 0) -> SecondBackward:
     """Backward frees the tensors the graph saved; a second pass needs retain_graph=True on the first."""
     w = torch.randn(3, generator=torch.Generator().manual_seed(seed), requires_grad=True)
     loss = (w ** 2).sum()
@@ -201,93 +234,46 @@ def second_backward(seed: int = 0) -> dict:
     loss = (w ** 2).sum()
     loss.backward(retain_graph=True)  # keep the saved tensors for one more pass
     retained = error_of(loss.backward)
-    return {
-        "second backward": freed,
-        "second backward with retain_graph": retained,
-        "grad after both - 2 * 2w": max_diff(w.grad, 4 * w.detach()),
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# 5. A custom autograd.Function, checked by gradcheck
-# ----------------------------------------------------------------------------------------------------------
-
-class SiLU(torch.autograd.Function):
-    """y = x * sigmoid(x). Product rule: dy/dx = s + x * s * (1 - s) = s * (1 + x * (1 - s)), s = sigmoid(x)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)  # what backward needs; autograd frees it after the pass
-        return x * torch.sigmoid(x)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        s = torch.sigmoid(x)
-        return grad_out * s * (1 + x * (1 - s))
-
-
-class SiLUWrongBackward(SiLU):
-    """Same forward; the backward forgets the product rule's second term."""
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        return grad_out * torch.sigmoid(x)
-
-
-def check_custom_function(seed: int = 0) -> dict:
-    """gradcheck compares backward with finite differences: (f(x + eps) - f(x - eps)) / 2eps, eps = 1e-6."""
-    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(seed), dtype=torch.float64, requires_grad=True)
-    x32 = x.detach().float().requires_grad_()
-    with warnings.catch_warnings(record=True) as caught:  # gradcheck warns that float32 is not double
-        warnings.simplefilter("always")
-        float32_passes = gradcheck(SiLU.apply, (x32,), raise_exception=False)
-    mine, = torch.autograd.grad(SiLU.apply(x).sum(), x)
-    builtin, = torch.autograd.grad(F.silu(x).sum(), x)
-    wrong = error_of(lambda: gradcheck(SiLUWrongBackward.apply, (x,)))
-    return {
-        "correct backward passes (float64)": gradcheck(SiLU.apply, (x,), raise_exception=False),
-        "wrong backward passes (float64)": gradcheck(SiLUWrongBackward.apply, (x,), raise_exception=False),
-        "wrong backward error": {"type": wrong["type"], "message": wrong["message"].splitlines()[0]},
-        # eps = 1e-6 is below float32's resolution around 1, so the numerical Jacobian is noise:
-        "correct backward passes (float32)": float32_passes,
-        "float32 warning": str(caught[0].message).split(".")[0] if caught else None,
-        "grad vs F.silu": max_diff(mine, builtin),
-    }
+    return SecondBackward(freed, retained, max_diff(w.grad, 4 * w.detach()))
 
 
 # ----------------------------------------------------------------------------------------------------------
 
-def all_lessons(trials: int = 1000, seed: int = 0) -> dict:
-    return {
-        "hand vs autograd (float64)": hand_vs_autograd(seed),
-        "(w*x+b)**2, float32": exact_linear_square(trials, seed),
-        "leaf and retain_grad": leaf_and_retain_grad(seed),
-        "detach vs no_grad": detach_vs_no_grad(seed),
-        "accumulation": accumulation(seed),
-        "second backward": second_backward(seed),
-        "custom autograd.Function": check_custom_function(seed),
-    }
+@dataclass(frozen=True)
+class Lessons:
+    hand_vs_autograd: dict[str, HandCheck]  # float64
+    linear_square_float32: Exactness
+    leaves: Leaves
+    detach_vs_no_grad: DetachNoGrad
+    accumulation: Accumulation
+    second_backward: SecondBackward
+    custom_function: CustomFunction
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=1000, help="random (w, x, b) triples for the exactness check")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="where summary.json goes")
-    args = parser.parse_args(argv)
-    if args.trials < 1:
-        parser.error("--trials must be at least 1")
+def all_lessons(trials: int = 1000, seed: int = 0) -> Lessons:
+    return Lessons(hand_vs_autograd(seed), exact_linear_square(trials, seed), leaf_and_retain_grad(seed),
+                   detach_vs_no_grad(seed), accumulation(seed), second_backward(seed), check_custom_function(seed))
 
-    lessons = all_lessons(args.trials, args.seed)
-    for title, evidence in lessons.items():
-        show(title, evidence)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(lessons, indent=2) + "\n")
-    print(f"\nwrote {args.out / 'summary.json'}")
+
+@dataclass
+class Config:
+    trials: int = arg(1000, "random (w, x, b) triples for the exactness check", gt=0)
+    seed: int = arg(0, "seed of the random inputs")
+
+    def __post_init__(self):
+        validate(self)
+
+
+def main(argv=None) -> Lessons:
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
+    lessons = all_lessons(cfg.trials, cfg.seed)
+    for field in dataclasses.fields(lessons):
+        show(field.name.replace("_", " "), getattr(lessons, field.name))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(dataclasses.asdict(lessons), indent=2) + "\n")
+    print(f"\nwrote {out / 'summary.json'}")
     return lessons
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -5,17 +5,16 @@ augmentation (torchvision transforms v2) running inside the worker processes, a 
 matter (`num_workers`, `pin_memory`, `persistent_workers`, `prefetch_factor`, `drop_last`, seeded `generator` and
 `worker_init_fn`), a padding `collate_fn` for variable-length items, and one epoch timed for num_workers = 0, 2, 4.
 
-Run:    python day05_dataloader/main.py     (~1-2 min on a quiet 2-core CPU; writes day05_dataloader/results/)
-        python day05_dataloader/main.py --smoke --workers 2 --start-method spawn   (seconds; the macOS/Windows way)
+Run:    python day05_dataloader/main.py     (writes runs/day05_dataloader/: the timing table, its chart, timing.json)
+        python day05_dataloader/main.py --smoke --workers 2 --start-method spawn   (small sizes; the macOS/Windows way)
 Gates:  python day05_dataloader/check.py
 """
-import argparse
-import csv
 import json
 import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
@@ -28,10 +27,11 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate, get_w
 from torchvision.transforms import v2
 
 from day04_mlp_mnist.main import MLP
-from sprint.data import DATA_ROOT, MEAN, STD, mnist_tensors, prepare_mnist
+from day05_dataloader.report import augmentation_report, interpret, plot_augmentations, write_timing
+from sprint import runs_dir
+from sprint.cli import arg, parse, progress, run, validate
+from sprint.data import MEAN, SIZES, STD, raw_paths, read_idx, read_idx_header
 from sprint.device import pick_device
-
-OUT_DIR = Path(__file__).resolve().parent / "results"
 
 # Per sample, in the workers: a small random affine (rotate ±10°, shift ±2 px, scale ±10%) on the uint8 image.
 # Digits stay digits, and the model sees new pixels every epoch.
@@ -39,42 +39,22 @@ AUGMENT = v2.RandomAffine(degrees=10, translate=(0.08, 0.08), scale=(0.9, 1.1))
 
 
 def to_input(images: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Per batch, on the device: uint8 -> normalised float32 (the statistics of sprint.data.mnist_tensors).
-
-    Cheap element-wise work is done once per batch after the copy, not per sample in a worker: uint8 batches are
-    also 4x smaller to pass between processes and to copy to the GPU.
-    """
+    """Per batch, on the device: uint8 -> normalised float32 (the statistics of sprint.data.mnist_tensors). Cheap
+    element-wise work runs once per batch, not per sample; uint8 batches are also 4x smaller to pass around."""
     return (images.to(device, non_blocking=True).float() / 255 - MEAN) / STD
 
 
 # --- 1. The Dataset: a reader of single records ------------------------------------------------------------------
-def read_idx_header(path: Path) -> tuple[tuple[int, ...], int]:
-    """IDX format: 2 zero bytes, a type code (0x08 = uint8), the number of dims, then each dim as a big-endian int32."""
-    with open(path, "rb") as f:
-        magic = np.frombuffer(f.read(4), dtype=np.uint8)
-        if magic[0] != 0 or magic[1] != 0 or magic[2] != 0x08:
-            raise ValueError(f"{path} is not an IDX file of unsigned bytes (magic {magic.tolist()})")
-        ndim = int(magic[3])
-        shape = tuple(int(d) for d in np.frombuffer(f.read(4 * ndim), dtype=">i4"))
-    return shape, 4 + 4 * ndim  # the shape and where the data starts
-
-
 class MNISTFiles(Dataset):
     """Map-style Dataset over the raw IDX files: `__len__` + `__getitem__(i)` -> {"image", "label", "index"}.
+    The parent keeps paths, shapes and the 60 KB of labels; the 47 MB of pixels are memory-mapped lazily by
+    whichever process calls `__getitem__` first, so each worker opens its own view of the file."""
 
-    The parent process keeps only paths, shapes and the 60 KB of labels; the 47 MB of pixels are memory-mapped
-    lazily by whichever process calls `__getitem__` first, so each worker opens its own view of the file.
-    """
-
-    def __init__(self, train: bool = True, transform=None, root: str | Path = DATA_ROOT):
-        raw = prepare_mnist(root) / "MNIST" / "raw"  # the decompressed, MD5-checked files
-        prefix = "train" if train else "t10k"
-        self.images_path = raw / f"{prefix}-images-idx3-ubyte"
-        self.shape, self.offset = read_idx_header(self.images_path)  # (N, 28, 28), 16
-        labels_path = raw / f"{prefix}-labels-idx1-ubyte"
-        (n_labels,), label_offset = read_idx_header(labels_path)
-        self.labels = np.frombuffer(labels_path.read_bytes()[label_offset:], dtype=np.uint8)
-        if n_labels != self.shape[0] or len(self.labels) != n_labels:
+    def __init__(self, train: bool = True, transform=None, root: str | Path | None = None):
+        self.images_path, labels_path = raw_paths(train, root)  # the decompressed, MD5-checked files
+        self.shape, self.offset = read_idx_header(self.images_path)  # (N, 28, 28), 16: IDX = header + raw bytes
+        self.labels = read_idx(labels_path)
+        if len(self.labels) != self.shape[0]:
             raise ValueError(f"{self.images_path.name} has {self.shape[0]} images but {labels_path.name} "
                              f"has {len(self.labels)} labels")
         self.transform = transform
@@ -83,10 +63,15 @@ class MNISTFiles(Dataset):
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __getitem__(self, i: int) -> dict:
+    @property
+    def pixels(self) -> np.ndarray:
+        """Every image, (N, 28, 28) uint8, memory-mapped on first use in this process."""
         if self._pixels is None:
             self._pixels = np.memmap(self.images_path, np.uint8, "r", offset=self.offset, shape=self.shape)
-        image = torch.from_numpy(np.array(self._pixels[i]))[None]  # copy 784 bytes out: (1, 28, 28) uint8
+        return self._pixels
+
+    def __getitem__(self, i: int) -> dict:
+        image = torch.from_numpy(np.array(self.pixels[i]))[None]  # copy 784 bytes out: (1, 28, 28) uint8
         if self.transform is not None:
             image = self.transform(image)
         return {"image": image, "label": int(self.labels[i]), "index": i}
@@ -97,11 +82,8 @@ class MNISTFiles(Dataset):
 
 # --- 2. The DataLoader: sampler -> workers (__getitem__ + collate) -> queue -> training loop ------------------------
 def seed_worker(worker_id: int) -> None:
-    """Seed NumPy and `random` from the worker's torch seed (= the loader's base seed + worker_id).
-
-    Recent torch does this itself; doing it explicitly is the documented recipe and covers any library that
-    keeps its own RNG (forked workers would otherwise all inherit the parent's identical NumPy state).
-    """
+    """Seed NumPy and `random` from the worker's torch seed (= the loader's base seed + worker_id): recent torch
+    does it too; the documented recipe covers any library with its own RNG (forked workers share NumPy's state)."""
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
@@ -164,31 +146,12 @@ def augmentation_batches(seed: int = 0, num_workers: int = 2, copies: int = 8, s
     return [(batch["worker"], batch["image"]) for batch in loader]
 
 
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
-    return (a.int() - b.int()).abs().max().item()  # in int: uint8 subtraction would wrap around
-
-
-def augmentation_report(seed: int = 0, num_workers: int = 2, start_method: str | None = None) -> dict:
-    run1 = augmentation_batches(seed, num_workers, start_method=start_method)
-    run2 = augmentation_batches(seed, num_workers, start_method=start_method)
-    other_seed = augmentation_batches(seed + 1, num_workers, start_method=start_method)
-    (_, a), (_, b) = run1[:2]  # worker 0's batch and worker 1's batch
-    return {
-        "workers": [w for w, _ in run1],
-        "max_diff_between_runs": max(max_abs_diff(x, y) for (_, x), (_, y) in zip(run1, run2)),
-        "max_diff_between_workers": max_abs_diff(a, b),  # same source image, same positions in the batch
-        "max_diff_between_seeds": max(max_abs_diff(x, y) for (_, x), (_, y) in zip(run1, other_seed)),
-        "images": torch.cat([x for _, x in run1]),
-        "image_workers": [w for w, x in run1 for _ in range(len(x))],
-    }
-
-
 # --- 5. Timing: one epoch per num_workers, data alone vs data + training -----------------------------------------
-def run_epoch(loader: DataLoader, step=None, device: torch.device | None = None) -> dict:
+def run_epoch(loader: DataLoader, step=None, device: torch.device | None = None, desc: str = "epoch") -> dict:
     """Iterate one epoch (training with `step(x, y)` if given); returns wall time, samples/s, order and visits."""
     t0 = time.perf_counter()
     first_batch_s, seen = None, []
-    for batch in loader:
+    for batch in progress(loader, desc=desc, unit="batch"):
         if first_batch_s is None:
             first_batch_s = time.perf_counter() - t0  # includes starting the workers on a fresh loader
         if step is not None:
@@ -217,9 +180,10 @@ def make_train_step(seed: int, device: torch.device):
     return step
 
 
-def model_only_throughput(samples: int, batch_size: int, seed: int, device: torch.device) -> float:
+def model_only_throughput(files: MNISTFiles, samples: int, batch_size: int, seed: int, device: torch.device) -> float:
     """Samples/s of the training step alone, on normalised batches already in memory: no loader can beat it."""
-    x, y = mnist_tensors(train=True, device=device)
+    x = to_input(torch.from_numpy(np.array(files.pixels[:samples]))[:, None], device)
+    y = torch.from_numpy(files.labels[:samples].astype(np.int64)).to(device)
     step = make_train_step(seed, device)
     t0 = time.perf_counter()
     for i in range(0, samples, batch_size):
@@ -229,138 +193,57 @@ def model_only_throughput(samples: int, batch_size: int, seed: int, device: torc
 
 
 def time_workers(worker_counts=(0, 2, 4), samples: int = 60_000, batch_size: int = 256, seed: int = 0,
-                 start_method: str | None = None, log=print) -> dict:
+                 start_method: str | None = None, device: str | None = None, log=print) -> dict:
     """For each num_workers: a data-only epoch (workers start here), then a training epoch on the same loader."""
-    device = pick_device()
-    dataset = Subset(MNISTFiles(train=True, transform=AUGMENT), range(samples))
+    device = pick_device(device)
+    files = MNISTFiles(train=True, transform=AUGMENT)
+    dataset = Subset(files, range(samples))
     rows = []
     for num_workers in worker_counts:
         loader = make_loader(dataset, batch_size, shuffle=True, num_workers=num_workers, seed=seed,
                              start_method=start_method)
-        data = run_epoch(loader)
-        train = run_epoch(loader, make_train_step(seed, device), device)  # persistent workers: no restart
+        data = run_epoch(loader, desc=f"num_workers={num_workers}, data only")
+        train = run_epoch(loader, make_train_step(seed, device), device,  # persistent workers: no restart
+                          desc=f"num_workers={num_workers}, training")
         exactly_once = bool((data["visits"] == 1).all() and (train["visits"] == 1).all())
         rows.append({"num_workers": num_workers, "first_batch_s": round(data["first_batch_s"], 3),
                      "data_epoch_s": round(data["seconds"], 3), "data_samples_per_s": round(data["samples_per_s"]),
                      "train_epoch_s": round(train["seconds"], 3), "train_samples_per_s": round(train["samples_per_s"]),
                      "exactly_once": exactly_once})
         log(f"num_workers={num_workers}: first batch {data['first_batch_s']:.2f} s | data-only epoch "
-            f"{data['seconds']:.2f} s ({data['samples_per_s']:,.0f}/s) | training epoch {train['seconds']:.2f} s "
-            f"({train['samples_per_s']:,.0f}/s) | every sample exactly once: {exactly_once}")
-    model_only = model_only_throughput(samples, batch_size, seed, device)
+            f"{data['seconds']:.2f} s | training epoch {train['seconds']:.2f} s | each sample once: {exactly_once}")
+    model_only = model_only_throughput(files, samples, batch_size, seed, device)
     log(f"model only (batches already in memory): {model_only:,.0f} samples/s")
     return {"rows": rows, "model_only_samples_per_s": round(model_only), "samples": samples,
             "batch_size": batch_size, "cpu_count": os.cpu_count(),
             "threads": torch.get_num_threads(), "device": str(device)}
 
 
-def interpret(timing: dict) -> str:
-    """What the table means on this machine, computed from the figures themselves."""
-    rows = {r["num_workers"]: r for r in timing["rows"]}
-    cores = timing["cpu_count"]
-    lines = [f"Measured on {cores} CPU cores, {timing['samples']:,} samples per epoch, batch {timing['batch_size']}, "
-             f"{timing['threads']} intra-op thread(s) in the training process, device {timing['device']}."]
-    if 0 in rows:
-        for n in sorted(rows)[1:]:
-            speedup = rows[0]["train_epoch_s"] / rows[n]["train_epoch_s"]
-            lines.append(f"- num_workers={n}: training epoch {speedup:.2f}x as fast as num_workers=0 (data only: "
-                         f"{rows[n]['data_samples_per_s'] / rows[0]['data_samples_per_s']:.2f}x).")
-    above = [n for n in rows if n > cores]
-    if cores in rows and above:
-        gain = rows[cores]["train_epoch_s"] / rows[max(above)]["train_epoch_s"]
-        verdict = ("no real gain" if gain < 1.1 else "a gain that the cores cannot explain: on a shared machine, "
-                   "more processes also win a larger share of the CPU from other users' jobs")
-        lines.append(f"- num_workers={max(above)} vs {cores} (the core count): {gain:.2f}x, {verdict}. Workers are "
-                     f"processes sharing the same {cores} cores with the training loop; beyond the core count they "
-                     f"only time-share them and add start-up and inter-process copies, so on a quiet machine more "
-                     f"workers than cores cannot help.")
-    producer = max(r["data_samples_per_s"] for r in timing["rows"])
-    consumer = timing["model_only_samples_per_s"]
-    bound = "the data pipeline (per-sample augmentation)" if producer < consumer else "the model step"
-    lines.append(f"- The fastest loader produces {producer:,} samples/s; the training step alone consumes {consumer:,} "
-                 f"samples/s, so an epoch here is bound by {bound}.")
-    step_s = timing["samples"] / consumer
-    slowest = max(timing["rows"], key=lambda r: r["train_epoch_s"] / (r["data_epoch_s"] + step_s))
-    overhead = slowest["train_epoch_s"] / (slowest["data_epoch_s"] + step_s)
-    if overhead > 1.5:
-        lines.append(f"- num_workers={slowest['num_workers']}: the training epoch took {overhead:.1f}x the data-only "
-                     f"epoch plus the step alone. The training process's {timing['threads']} intra-op threads "
-                     f"wait on each other whenever a core is busy elsewhere (workers, other jobs); "
-                     f"`--threads 1` avoids it.")
-    lines.append("- Rule of thumb: start from num_workers = min(8, cores // 2), keep persistent_workers=True, and "
-                 "measure; add workers only while the data-only rate stays below the training step's rate.")
-    return "\n".join(lines)
+@dataclass
+class Config:
+    samples: int | None = arg(None, "samples per timed epoch, the first N training images; none given: 60000, or "
+                                    "512 with --smoke", gt=0, le=SIZES[True])
+    batch_size: int | None = arg(None, "images per batch; none given: 256, or 128 with --smoke", gt=0)
+    workers: tuple[int, ...] = arg((0, 2, 4), "num_workers values to time, e.g. --workers 0 2 4", ge=0)
+    seed: int = arg(0, "seed of the shuffle, the augmentations and the model")
+    threads: int | None = arg(None, "intra-op threads of the training process; none given: torch's, one per core",
+                              gt=0)
+    start_method: str | None = arg(None, "how worker processes start; none given: the platform's (spawn on macOS "
+                                         "and Windows)", choices=("fork", "spawn", "forkserver"))
+    device: str | None = arg(None, "where the training step runs: cpu, cuda or mps; none given: the best available")
+    smoke: bool = arg(False, "small defaults (512 samples, batch 128) for --samples and --batch-size not given")
+    timing_only: bool = arg(False, "skip the demos [1]-[3], only time the workers")
+
+    def __post_init__(self):
+        validate(self)
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """(samples, batch size): what was asked for, else the defaults (smaller with --smoke)."""
+        return self.samples or (512 if self.smoke else SIZES[True]), self.batch_size or (128 if self.smoke else 256)
 
 
-# --- 6. Results: table (Markdown + CSV), bar chart, augmentation grid --------------------------------------------
-def write_timing(timing: dict, text: str, out_dir: Path) -> None:
-    rows = timing["rows"]
-    with open(out_dir / "worker_timing.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    header = ["num_workers", "first batch (s)", "data-only epoch (s)", "data-only samples/s", "training epoch (s)",
-              "training samples/s", "each sample once"]
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in rows]
-    md.append(f"\nModel step alone (batches in memory): {timing['model_only_samples_per_s']:,} samples/s.\n")
-    (out_dir / "worker_timing.md").write_text("\n".join(md) + "\n" + text + "\n")
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [str(r["num_workers"]) for r in rows]
-    pos = np.arange(len(rows))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.bar(pos - 0.2, [r["data_epoch_s"] for r in rows], 0.4, label="data only (incl. worker start)")
-    ax1.bar(pos + 0.2, [r["train_epoch_s"] for r in rows], 0.4, label="data + training step")
-    ax1.set(title=f"one epoch ({timing['samples']:,} samples)", xlabel="num_workers", ylabel="seconds",
-            xticks=pos, xticklabels=labels)
-    ax1.legend()
-    ax2.bar(pos - 0.2, [r["data_samples_per_s"] for r in rows], 0.4, label="data only")
-    ax2.bar(pos + 0.2, [r["train_samples_per_s"] for r in rows], 0.4, label="data + training step")
-    ax2.axhline(timing["model_only_samples_per_s"], color="gray", ls="--", label="training step alone")
-    ax2.set(title=f"throughput on {timing['cpu_count']} CPU cores", xlabel="num_workers", ylabel="samples/s",
-            xticks=pos, xticklabels=labels)
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "worker_timing.png", dpi=100)
-    plt.close(fig)
-
-
-def plot_augmentations(aug: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    original = MNISTFiles(train=True)[0]["image"]
-    images = [original] + list(aug["images"])
-    titles = ["original"] + [f"worker {w}" for w in aug["image_workers"]]
-    fig, axes = plt.subplots(1, len(images), figsize=(1.5 * len(images), 1.9))
-    for ax, img, title in zip(axes, images, titles):
-        ax.imshow(img[0], cmap="gray")
-        ax.set_title(title, fontsize=8)
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def parse_workers(text: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(n) for n in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,2,4, got {text!r}") from None
-    if any(n < 0 for n in counts):
-        raise argparse.ArgumentTypeError(f"num_workers must be >= 0, got {text!r}")
-    return counts
-
-
-def run_demos(args) -> None:
-    dataset = MNISTFiles(train=True)
+def run_demos(cfg: Config, dataset: MNISTFiles, out: Path) -> None:
     sample = dataset[0]
     print(f"[1] MNISTFiles: {len(dataset):,} images of shape {tuple(sample['image'].shape)} "
           f"({sample['image'].dtype}), label of image 0 = {sample['label']}")
@@ -371,49 +254,35 @@ def run_demos(args) -> None:
     print(f"    pad_collate instead -> padded {tuple(padded.shape)}, lengths {lengths.tolist()}")
     print("    " + "\n    ".join(str(row.tolist()) for row in padded))
 
-    aug = augmentation_report(args.seed, num_workers=2, start_method=args.start_method)
+    aug = augmentation_report(*(augmentation_batches(seed, 2, start_method=cfg.start_method)
+                                for seed in (cfg.seed, cfg.seed, cfg.seed + 1)))  # same seed twice, then the next
     print(f"[3] augmentation in workers {aug['workers']}: max |run 1 - run 2| = {aug['max_diff_between_runs']:.3g} "
           f"(same seed), max |worker 0 - worker 1| = {aug['max_diff_between_workers']:.3g}, "
-          f"max |seed {args.seed} - seed {args.seed + 1}| = {aug['max_diff_between_seeds']:.3g}")
-    plot_augmentations(aug, args.out / "augmentations.png")
-    print(f"    wrote {args.out / 'augmentations.png'}")
+          f"max |seed {cfg.seed} - seed {cfg.seed + 1}| = {aug['max_diff_between_seeds']:.3g}")
+    plot_augmentations(sample["image"], aug, out / "augmentations.png")
+    print(f"    wrote {out / 'augmentations.png'}")
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=60_000, help="samples per timed epoch (first N of train)")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--workers", type=parse_workers, default=(0, 2, 4), help="num_workers values to time")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="intra-op threads of the training process (default: torch's, one per core)")
-    parser.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default=None,
-                        help="how worker processes start (default: the platform's; spawn on macOS/Windows)")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that everything runs")
-    parser.add_argument("--timing-only", action="store_true", help="skip the demos [1]-[3], only time the workers")
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.samples, args.batch_size = 512, 128
-    if not 0 < args.samples <= 60_000 or args.batch_size <= 0 or (args.threads is not None and args.threads <= 0):
-        parser.error(f"need 0 < --samples <= 60000, --batch-size > 0, --threads > 0 "
-                     f"(got {args.samples}, {args.batch_size}, {args.threads})")
-    if args.threads:
-        torch.set_num_threads(args.threads)  # workers always use 1 thread each (DataLoader sets it)
-    args.out.mkdir(parents=True, exist_ok=True)
+    cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
+    samples, batch_size = cfg.sizes
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)  # workers always use 1 thread each (DataLoader sets it)
+    dataset = MNISTFiles(train=True)  # a missing or corrupt MNIST stops here, before anything is written
+    out.mkdir(parents=True, exist_ok=True)
 
-    if not args.timing_only:
-        run_demos(args)
+    if not cfg.timing_only:
+        run_demos(cfg, dataset, out)
 
-    print(f"[4] one epoch per num_workers in {args.workers} ({args.samples:,} samples, batch {args.batch_size}):")
-    timing = time_workers(args.workers, args.samples, args.batch_size, args.seed, args.start_method)
+    print(f"[4] one epoch per num_workers in {cfg.workers} ({samples:,} samples, batch {batch_size}):")
+    timing = time_workers(cfg.workers, samples, batch_size, cfg.seed, cfg.start_method, cfg.device)
     text = interpret(timing)
     print(text)
-    write_timing(timing, text, args.out)
-    (args.out / "timing.json").write_text(json.dumps(timing, indent=2) + "\n")
-    print(f"wrote {args.out}/worker_timing.md, worker_timing.csv, worker_timing.png, timing.json")
+    write_timing(timing, text, out)
+    (out / "timing.json").write_text(json.dumps(timing, indent=2) + "\n")
+    print(f"wrote {out}/worker_timing.md, worker_timing.csv, worker_timing.png, timing.json")
     return timing
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -4,6 +4,8 @@ Each `check.py` creates `gates = Gates(__file__)` and calls `gates.check(name, m
 The figure and verdict are stored before the assertion runs, so a failing gate still shows what it measured;
 the root `conftest.py` prints every gate of the session as a table.
 """
+import contextlib
+import io
 import json
 import math
 import operator
@@ -72,6 +74,24 @@ class Gates:
         RECORDED.append(result)
         self._save(result)
         assert passed, f"gate '{name}' failed: measured {measured!r}, required {op} {threshold!r}"
+
+    def refuses(self, main, argv: list[str], out: Path, code: int = 2) -> None:
+        """Gates on a command line that must fail: `main(argv + ["--out", out])` run as the script runs it exits with
+        `code`, prints exactly one `error:` line, and creates nothing at `out`."""
+        from sprint.cli import run
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                run(main, [*argv, "--out", str(out)])
+                exit_code = 0
+            except SystemExit as exc:
+                exit_code = exc.code
+        command = " ".join(argv)
+        self.check(f"`{command}` exits with code {code}", exit_code, "==", code)
+        self.check(f"`{command}` prints one error line", sum("error:" in line for line in err.getvalue().splitlines()),
+                   "==", 1)
+        self.check(f"`{command}` creates no output folder", Path(out).exists(), "==", False)
 
     def _save(self, result: GateResult) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

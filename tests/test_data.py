@@ -1,11 +1,15 @@
 """Offline MNIST: the bundled copy is complete, verified, and failures read as one clear message."""
 import gzip
+import importlib
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from sprint import data
+from sprint.cli import run
 from sprint.data import MNISTUnavailable, RAW_MD5, md5sum, mnist, prepare_mnist
 
 TRAIN_CLASS_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -81,3 +85,83 @@ def test_missing_bundle_falls_back_to_download_and_explains_failure(tmp_path, mo
     with pytest.raises(MNISTUnavailable, match=r"bundled copy .* is missing and the download failed .*network"):
         prepare_mnist(tmp_path / "root", tmp_path / "no-bundle")
     assert calls == [True]
+
+
+def test_in_memory_tensors_equal_torchvisions_decoding():
+    x, y = data.mnist_tensors(train=False)
+    reference = mnist(train=False)
+    expected = ((reference.data.float() / 255 - data.MEAN) / data.STD).unsqueeze(1)
+    assert (x - expected).abs().max() < 1e-5 and torch.equal(y, reference.targets)
+
+
+def test_editing_the_returned_tensors_cannot_change_the_next_call():
+    x, y = data.mnist_tensors(train=False)
+    x.zero_()  # an in-place augmentation or a second normalisation
+    y.fill_(3)
+    again_x, again_y = data.mnist_tensors(train=False)
+    assert again_x.abs().sum() > 0 and (again_y != 3).any()
+
+
+def test_the_split_is_fixed_disjoint_and_takes_the_subset_from_the_training_part():
+    (x, y), (xv, yv) = data.mnist_split(5000)
+    assert len(x) == 55000 and len(xv) == 5000
+    (x2, _), (xv2, _) = data.mnist_split(5000, train_subset=1000)
+    assert torch.equal(xv, xv2) and torch.equal(x[:1000], x2)  # same validation set, the subset is a prefix
+    flat_train, flat_val = x[:5000].flatten(1), xv.flatten(1)
+    assert not (torch.cdist(flat_val[:200], flat_train) == 0).any()  # no validation image among the training ones
+
+
+def test_the_in_memory_path_never_imports_torchvision():
+    code = ("import sys; sys.path.insert(0, %r)\n" % str(data.REPO_ROOT)
+            + "from sprint.data import mnist_split, mnist_tensors\n"
+            "mnist_split(100, train_subset=10); mnist_tensors(train=False)\n"
+            "assert 'torchvision' not in sys.modules, 'torchvision was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_truncated_idx_file_is_refused(tmp_path):
+    raw = prepare_mnist() / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    short = tmp_path / "t10k-labels-idx1-ubyte"
+    short.write_bytes(raw.read_bytes()[:-10])
+    with pytest.raises(MNISTUnavailable, match="holds 9990 bytes of data"):
+        data.read_idx(short)
+
+
+@pytest.fixture
+def no_mnist(tmp_path, monkeypatch):
+    """No prepared copy, no bundle, and no network: where `sprint.data` looks, nothing is found."""
+    monkeypatch.setattr(data, "DATA_ROOT", tmp_path / "root")
+    monkeypatch.setattr(data, "BUNDLE_DIR", tmp_path / "no-bundle")
+
+    def offline(root, train=True, download=False):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr("torchvision.datasets.MNIST", offline)
+    return tmp_path
+
+
+@pytest.fixture
+def corrupt_mnist(tmp_path, monkeypatch):
+    """The bundle with one file truncated, and no prepared copy."""
+    bundle = _bundle_copy(tmp_path)
+    bad = bundle / "train-labels-idx1-ubyte.gz"
+    bad.write_bytes(bad.read_bytes()[:500])
+    monkeypatch.setattr(data, "DATA_ROOT", tmp_path / "root")
+    monkeypatch.setattr(data, "BUNDLE_DIR", bundle)
+    return tmp_path
+
+
+MNIST_MAINS = {"day04_mlp_mnist.main": ["--epochs", "1"], "day05_dataloader.main": ["--smoke", "--workers", "0"]}
+
+
+@pytest.mark.parametrize("broken", ["no_mnist", "corrupt_mnist"])
+@pytest.mark.parametrize("module", MNIST_MAINS)
+def test_a_main_without_usable_mnist_prints_one_line_and_exits_1(module, broken, request, capsys):
+    folder = request.getfixturevalue(broken)
+    with pytest.raises(SystemExit) as exc:
+        run(importlib.import_module(module).main, [*MNIST_MAINS[module], "--out", str(folder / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: MNIST") and "git checkout -- data/mnist" in err
+    assert not (folder / "out").exists()

@@ -1,0 +1,105 @@
+"""Day 5's evidence and report: the augmentation runs compared, what the worker-timing table means, the table itself
+(Markdown + CSV), its bar chart, and the grid of augmented digits."""
+import csv
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sprint.plots import save, subplots
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> int:
+    return (a.int() - b.int()).abs().max().item()  # in int: uint8 subtraction would wrap around
+
+
+def augmentation_report(run1: list, run2: list, other_seed: list) -> dict:
+    """Compare three runs of `augmentation_batches` (lists of (worker id, images)): seed s, seed s again, seed s+1."""
+    (_, a), (_, b) = run1[:2]  # worker 0's batch and worker 1's batch
+    return {
+        "workers": [w for w, _ in run1],
+        "max_diff_between_runs": max(max_abs_diff(x, y) for (_, x), (_, y) in zip(run1, run2)),
+        "max_diff_between_workers": max_abs_diff(a, b),  # same source image, same positions in the batch
+        "max_diff_between_seeds": max(max_abs_diff(x, y) for (_, x), (_, y) in zip(run1, other_seed)),
+        "images": torch.cat([x for _, x in run1]),
+        "image_workers": [w for w, x in run1 for _ in range(len(x))],
+    }
+
+
+def interpret(timing: dict) -> str:
+    """What the table means on this machine, computed from the figures themselves."""
+    rows = {r["num_workers"]: r for r in timing["rows"]}
+    cores = timing["cpu_count"]
+    lines = [f"Measured on {cores} CPU cores, {timing['samples']:,} samples per epoch, batch {timing['batch_size']}, "
+             f"{timing['threads']} intra-op thread(s) in the training process, device {timing['device']}."]
+    if 0 in rows:
+        for n in sorted(rows)[1:]:
+            speedup = rows[0]["train_epoch_s"] / rows[n]["train_epoch_s"]
+            lines.append(f"- num_workers={n}: training epoch {speedup:.2f}x as fast as num_workers=0 (data only: "
+                         f"{rows[n]['data_samples_per_s'] / rows[0]['data_samples_per_s']:.2f}x).")
+    above = [n for n in rows if n > cores]
+    if cores in rows and above:
+        gain = rows[cores]["train_epoch_s"] / rows[max(above)]["train_epoch_s"]
+        verdict = ("no real gain" if gain < 1.1 else "a gain that the cores cannot explain: on a shared machine, "
+                   "more processes also win a larger share of the CPU from other users' jobs")
+        lines.append(f"- num_workers={max(above)} vs {cores} (the core count): {gain:.2f}x, {verdict}. Workers are "
+                     f"processes sharing the same {cores} cores with the training loop; beyond the core count they "
+                     f"only time-share them and add start-up and inter-process copies, so on a quiet machine more "
+                     f"workers than cores cannot help.")
+    producer = max(r["data_samples_per_s"] for r in timing["rows"])
+    consumer = timing["model_only_samples_per_s"]
+    bound = "the data pipeline (per-sample augmentation)" if producer < consumer else "the model step"
+    lines.append(f"- The fastest loader produces {producer:,} samples/s; the training step alone consumes {consumer:,} "
+                 f"samples/s, so an epoch here is bound by {bound}.")
+    step_s = timing["samples"] / consumer
+    slowest = max(timing["rows"], key=lambda r: r["train_epoch_s"] / (r["data_epoch_s"] + step_s))
+    overhead = slowest["train_epoch_s"] / (slowest["data_epoch_s"] + step_s)
+    if overhead > 1.5:
+        lines.append(f"- num_workers={slowest['num_workers']}: the training epoch took {overhead:.1f}x the data-only "
+                     f"epoch plus the step alone. The training process's {timing['threads']} intra-op threads "
+                     f"wait on each other whenever a core is busy elsewhere (workers, other jobs); "
+                     f"`--threads 1` avoids it.")
+    lines.append("- Rule of thumb: start from num_workers = min(8, cores // 2), keep persistent_workers=True, and "
+                 "measure; add workers only while the data-only rate stays below the training step's rate.")
+    return "\n".join(lines)
+
+
+def write_timing(timing: dict, text: str, out_dir: Path) -> None:
+    rows = timing["rows"]
+    with open(out_dir / "worker_timing.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    header = ["num_workers", "first batch (s)", "data-only epoch (s)", "data-only samples/s", "training epoch (s)",
+              "training samples/s", "each sample once"]
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in rows]
+    md.append(f"\nModel step alone (batches in memory): {timing['model_only_samples_per_s']:,} samples/s.\n")
+    (out_dir / "worker_timing.md").write_text("\n".join(md) + "\n" + text + "\n")
+
+    labels = [str(r["num_workers"]) for r in rows]
+    pos = np.arange(len(rows))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(10, 4))
+    ax1.bar(pos - 0.2, [r["data_epoch_s"] for r in rows], 0.4, label="data only (incl. worker start)")
+    ax1.bar(pos + 0.2, [r["train_epoch_s"] for r in rows], 0.4, label="data + training step")
+    ax1.set(title=f"one epoch ({timing['samples']:,} samples)", xlabel="num_workers", ylabel="seconds",
+            xticks=pos, xticklabels=labels)
+    ax1.legend()
+    ax2.bar(pos - 0.2, [r["data_samples_per_s"] for r in rows], 0.4, label="data only")
+    ax2.bar(pos + 0.2, [r["train_samples_per_s"] for r in rows], 0.4, label="data + training step")
+    ax2.axhline(timing["model_only_samples_per_s"], color="gray", ls="--", label="training step alone")
+    ax2.set(title=f"throughput on {timing['cpu_count']} CPU cores", xlabel="num_workers", ylabel="samples/s",
+            xticks=pos, xticklabels=labels)
+    ax2.legend()
+    save(fig, out_dir / "worker_timing.png")
+
+
+def plot_augmentations(original: torch.Tensor, aug: dict, path: Path) -> None:
+    images = [original] + list(aug["images"])
+    titles = ["original"] + [f"worker {w}" for w in aug["image_workers"]]
+    fig, axes = subplots(1, len(images), figsize=(1.5 * len(images), 1.9))
+    for ax, img, title in zip(axes, images, titles):
+        ax.imshow(img[0], cmap="gray")
+        ax.set_title(title, fontsize=8)
+        ax.axis("off")
+    save(fig, path)
