@@ -43,18 +43,6 @@ def run_cli(capsys):
 
 
 @pytest.fixture
-def refused_flags(run_cli, tmp_path):
-    """`refused_flags(main, argv)` for a bad command line: (exit code, lines saying `error:`, whether the `--out`
-    folder it was given got created). The bar every script must meet is (2, 1, False)."""
-    def refused(main, argv):
-        out = tmp_path / "out"
-        code, lines = run_cli(main, [*argv, "--out", str(out)])
-        return code, sum("error:" in line for line in lines), out.exists()
-
-    return refused
-
-
-@pytest.fixture
 def parser_of(monkeypatch):
     """`parser_of(main)`: the ArgumentParser a script's `main` builds, caught when it parses (no work is done)."""
     def parser_(main):

@@ -36,10 +36,10 @@ from day04_mlp_mnist.main import MLP, evaluate
 from day06_ckpt_resume.checkpoint import (CheckpointError, RunLog, clean_stale_tmp, load_checkpoint, load_for_resume,
                                           refuse_existing_run, repair_best, rng_state, save_checkpoint, seed_everything,
                                           set_rng_state, wrapper_hint)
-from day06_ckpt_resume.sampler import IndexedTensors, ResumableSampler, split_mnist
+from day06_ckpt_resume.sampler import IndexedTensors, ResumableSampler
 from sprint import runs_dir
 from sprint.cli import arg, from_args, parser_for, progress, run, unwritable, validate
-from sprint.data import mnist_tensors
+from sprint.data import mnist_split, mnist_tensors
 from sprint.device import pick_device
 
 MNIST_TRAIN = 60_000
@@ -100,7 +100,7 @@ class Trainer:
         torch.use_deterministic_algorithms(True)  # error out rather than silently use a nondeterministic kernel
         seed_everything(cfg.seed)
         self.device = pick_device(cfg.device or None)
-        (x, y), (self.x_val, self.y_val) = split_mnist(cfg.val_size, cfg.train_subset)
+        (x, y), (self.x_val, self.y_val) = mnist_split(cfg.val_size, train_subset=cfg.train_subset or None)
         self.x_val, self.y_val = self.x_val.to(self.device), self.y_val.to(self.device)
         self.sampler = ResumableSampler(len(y), cfg.seed)
         # DataLoader draws its workers' base seed at every iter(): from the global RNG unless given a generator,

@@ -1,21 +1,8 @@
-"""Day 6's data: a fixed validation split, and a sampler whose whole state is (epoch, seed, position), so a resumed
-run sees exactly the samples the uninterrupted run would have seen, in the same order."""
+"""Day 6's data order: a sampler whose whole state is (epoch, seed, position), so a resumed run sees exactly the
+samples the uninterrupted run would have seen, in the same order. (The train/validation split is
+`sprint.data.mnist_split`.)"""
 import torch
 from torch.utils.data import Dataset, Sampler
-
-from sprint.data import mnist_tensors
-
-SPLIT_SEED = 1234  # the train/validation split never changes, whatever the training seed
-
-
-def split_mnist(val_size: int, train_subset: int = 0):
-    """MNIST's 60,000 training images split once into train / validation; the test set stays for the end."""
-    x, y = mnist_tensors(train=True)
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(SPLIT_SEED))
-    val, train = perm[:val_size], perm[val_size:]
-    if train_subset:
-        train = train[:train_subset]
-    return (x[train], y[train]), (x[val], y[val])
 
 
 class IndexedTensors(Dataset):

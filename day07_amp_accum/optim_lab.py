@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from day04_mlp_mnist.main import MLP, evaluate
 from day06_ckpt_resume.main import warmup_cosine
 from day06_ckpt_resume.report import write_results
-from day06_ckpt_resume.sampler import split_mnist
 from day07_amp_accum.report import plot_optim, write_optim_table
 from sprint import runs_dir
 from sprint.cli import arg, parse, progress, run, validate
+from sprint.data import mnist_split
 from sprint.device import pick_device
 
 CLIP_ORDERS = ("unscale, then clip", "clip, then unscale")
@@ -161,7 +161,7 @@ def clip_facts(cfg: LabConfig, data) -> ClipFacts:
 
 def run_lab(cfg: LabConfig) -> Lab:
     device = pick_device(cfg.device)
-    (x, y), (x_val, y_val) = split_mnist(5000, cfg.subset)
+    (x, y), (x_val, y_val) = mnist_split(5000, train_subset=cfg.subset)
     data = ((x.to(device), y.to(device)), (x_val.to(device), y_val.to(device)))
     n_runs = 2 * len(cfg.seeds) + 4 + 4 * len(cfg.seeds)
     bar = progress(total=n_runs, unit="run")

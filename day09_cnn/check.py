@@ -161,12 +161,8 @@ CASES = [(script, argv) for script, cases in BAD_FLAGS.items() for argv in cases
 
 
 @pytest.mark.parametrize("script, argv", CASES, ids=[f"{script}:{' '.join(argv)}" for script, argv in CASES])
-def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(script, argv, tmp_path, capsys):
-    out = tmp_path / "out"
-    with pytest.raises(SystemExit) as exc:
-        {"main": day.main, "norms_lab": lab.main, "bench": bench.main}[script]([*argv, "--out", str(out)])
-    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert exc.value.code == 2 and len(errors) == 1 and not out.exists(), (exc.value.code, errors)
+def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(script, argv, tmp_path):
+    gates.refuses({"main": day.main, "norms_lab": lab.main, "bench": bench.main}[script], argv, tmp_path / "out")
 
 
 def test_an_unwritable_out_is_refused_before_training(tmp_path, capsys):
