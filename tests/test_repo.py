@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 from functools import cache
 from importlib.metadata import PackageNotFoundError, distribution
@@ -431,3 +432,14 @@ def test_licence_file_is_the_mit_licence_pyproject_declares():
 
 def test_the_bundled_mnist_keeps_its_own_licence_note():
     assert "Creative Commons Attribution-Share Alike 3.0" in (ROOT / "data" / "mnist" / "README.md").read_text()
+
+
+def test_the_refresh_script_names_a_real_command_for_every_day_with_results():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import refresh_results
+
+    days_with_results = {int(p.parent.name[3:5]) for p in ROOT.glob("day*/results")}
+    assert days_with_results <= set(refresh_results.STEPS)
+    for steps in refresh_results.STEPS.values():
+        for script, _, _ in steps:
+            assert (ROOT / script).is_file(), script
