@@ -891,23 +891,29 @@ def test_lr_range_test_suggests_a_rate_that_trains_the_day4_mlp(tmp_path):
                 val["suggested"]["val_loss"] / val["diverged"]["val_loss"], "<=", 0.8)
 
 
-def test_data_check_flags_nan_duplicates_and_a_missing_class_and_real_mnist_is_clean():
+def test_data_check_flags_each_injected_data_fault_and_finds_real_mnist_clean():
     cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [])
     splits = data.build(cfg.data, 0)
     report = ts.check_data(splits, 10)
-    gates.check("real MNIST: exact duplicates of val/test images in train, val in test", sum(
-        report.duplicates.values()), "==", 0)
+    gates.check("real MNIST: exact duplicates (val in train, test in train, test in val)",
+                list(report.duplicates.values()), "==", [0, 0, 0])
     gates.check("real MNIST (55,000 / 5,000 / 10,000): problems found", report.problems(), "==", [])
-    gates.check("real MNIST: train inputs mean, std after normalisation", [round(report.splits["train"].mean, 2),
-                                                                           round(report.splits["train"].std, 2)],
-                "==", [0.0, 1.0])
-    expect = {"nan_input": "nonfinite", "leak": "leak", "drop_class": "labels"}
-    for kind, arg in (("nan_input", "500"), ("leak", "7"), ("drop_class", "3")):
-        problems = ts.check_data(faults.break_data(splits, kind, arg), 10, limit=2000).problems()
-        gates.check(f"MNIST with {kind}={arg}: problems found (kinds)", sorted({k for k, _ in problems}), "==",
-                    [expect[kind]])
-        assert {"nan_input": "4 NaN/Inf", "leak": "test in train: 7 exact", "drop_class": "class(es) [3]"}[kind] \
-            in " ".join(line for _, line in problems) or kind == "nan_input", problems
+    gates.check("real MNIST: train inputs mean, std after normalisation",
+                [round(report.splits["train"].mean, 2), round(report.splits["train"].std, 2)], "==", [0.0, 1.0])
+    train_x, train_y = splits.train.x[:2000], splits.train.y[:2000]
+    rare = torch.cat([(train_y != 5).nonzero().flatten(), (train_y == 5).nonzero().flatten()[:10]])
+    cases = {  # fault -> (splits, the kind of problem expected, words the problem must say)
+        "nan_input=500": (faults.break_data(splits, "nan_input", "500"), "nonfinite", "3,136 NaN/Inf input values"),
+        "leak=7": (faults.break_data(splits, "leak", "7"), "leak", "test in train: 7 exact duplicate(s)"),
+        "drop_class=3": (faults.break_data(splits, "drop_class", "3"), "labels", "no sample of class(es) [3]"),
+        "class 5 cut to 10 samples": (data.Splits(data.TensorData(train_x[rare], train_y[rare], *data.STATS["mnist"]),
+                                                  splits.val, splits.test, splits.info), "labels", "class imbalance"),
+        "raw 0-255 pixels": (data.Splits(data.TensorData(train_x.float(), train_y), splits.val, splits.test,
+                                         splits.info), "normalisation", "train inputs not normalised")}
+    for name, (broken, kind, words) in cases.items():
+        problems = ts.check_data(broken, 10, limit=2000).problems()
+        gates.check(f"MNIST with {name}: kinds of problem found", sorted({k for k, _ in problems}), "==", [kind])
+        assert any(words in line for _, line in problems), problems
 
 
 def test_data_vs_step_flags_a_slow_loader_as_data_bound(tmp_path):
