@@ -40,7 +40,7 @@ import models  # noqa: E402
 import runlog  # noqa: E402
 import train  # noqa: E402
 import troubleshoot as ts  # noqa: E402
-from troubleshoot import checklists, checks  # noqa: E402
+from troubleshoot import checks  # noqa: E402
 from faults import Faults  # noqa: E402
 from sprint.gates import Gates, run_this_file  # noqa: E402
 

@@ -17,7 +17,6 @@ import os
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # as train.py: deterministic cuBLAS, set before CUDA
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -39,16 +38,12 @@ from troubleshoot.checks import diagnose  # noqa: E402
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--config", help="a TOML file (see configs/); fields left out keep their defaults")
-    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                        help="override fields, as for train.py")
+    parser = config.argument_parser(__doc__)
     parser.add_argument("--symptom", choices=[*SYMPTOMS, "all"], default="all", help="which checklist to run")
     parser.add_argument("--fault", action="append", default=[], metavar="KIND[@MODULE|=VALUE]",
                         help="put a known bug in first (faults.py), e.g. nan@blocks.0.1, leak=100")
-    parser.add_argument("--out", help="folder for the plot and findings.json (default: <run.out_dir>/doctor)")
+    parser.add_argument("--out", help="folder for report.txt, findings.json and the LR plot (default: "
+                                      "<run.out_dir>/doctor)")
     parser.add_argument("--checklists", action="store_true", help="print the four checklists and exit")
     args = parser.parse_args(argv)
     if args.checklists:

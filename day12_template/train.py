@@ -14,7 +14,6 @@ import os
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; must be set before CUDA starts
 
-import argparse
 import contextlib
 import math
 import random
@@ -272,12 +271,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--config", help="a TOML file (see configs/); fields left out keep their defaults")
-    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                        help="override fields: --set optim.lr=1e-3 train.amp=true data.dataset=synthetic")
+    parser = config.argument_parser(__doc__)
     parser.add_argument("--print-config", action="store_true", help="print the effective config as TOML and exit")
     parser.add_argument("--help-config", action="store_true", help="list every field with its default and reason")
     args = parser.parse_args(argv)

@@ -61,15 +61,15 @@ def check_config(case: Case) -> list[Finding]:
                           "; the schedule's rate stays above 0 until the last step"), ["loss-7"],
                        "hand every trainable parameter to the optimizer (build_optimizer) and keep the rate above 0; "
                        "a model with nothing trainable cannot learn (requires_grad_(False) everywhere?)"))
-    in_memory = isinstance(case.splits.train, data.TensorData)
+    files = isinstance(getattr(case.splits.train, "inner", case.splits.train), data.ImageFolderData)  # under a break
     issues = [w for w, bad in [
-        ("image files decoded in the main process: set data.num_workers=4-8", not in_memory and not d.num_workers),
+        ("image files decoded in the main process: set data.num_workers=4-8", files and not d.num_workers),
         ("data.pin_memory=false: copies to the GPU cannot overlap compute", not d.pin_memory),
         (f"{case.micro} samples per forward: too few to fill a GPU (raise train.batch_size)", case.micro < 32),
         ("train.amp=false: bf16 autocast is several times faster on tensor cores", not t.amp),
         (f"train.log_every={t.log_every}: each record costs a host sync", t.log_every < 10)] if bad]
     out.append(Finding("config", "note" if issues else "ok",
-                       f"data.num_workers={d.num_workers} ({'in-memory tensors: none needed' if in_memory else 'files'}"
+                       f"data.num_workers={d.num_workers} ({'image files' if files else 'in memory: none needed'}"
                        f"), pin_memory={str(d.pin_memory).lower()}, {case.micro} per forward, amp "
                        f"{'on' if t.amp else 'off'}, log every {t.log_every} steps; workers persist between epochs",
                        ["gpu-1", "gpu-2", "gpu-5", "gpu-9", "gpu-10"], "; ".join(issues)))
@@ -271,9 +271,10 @@ def check_short_run(case: Case) -> list[Finding]:
         status = "PROBLEM" if max(norms) > EXPLODE_TOTAL else "note" if clipped >= 0.9 else "ok"
         out.append(Finding("short_run", status, f"gradient norm {norms[0]:.3g} at step 1, max {max(norms):.3g}, "
                            f"last {norms[-1]:.3g}; above optim.grad_clip={clip:g} at {100 * clipped:.0f}% of steps",
-                           ["grad-1", "grad-3"], "norms above 1e3 explode: lower optim.lr; clipped at nearly every "
-                           "step: the run is speed-limited (lower the lr, or raise the clip if the norm is steady)",
-                           {"grad_norms": norms}))
+                           ["grad-1", "grad-3"], "norms above 1e3 explode: lower optim.lr, keep clipping on" if
+                           status == "PROBLEM" else "clipped at nearly every step, the run is speed-limited; the first "
+                           "steps often are: if grad_norm in metrics.jsonl stays above the clip later on, lower the lr "
+                           "or raise optim.grad_clip", {"grad_norms": norms}))
     accum = case.cfg.train.grad_accum
     typical, mean = syncs.per_step(accum)
     sites = ", ".join(f"{s} x{k:.2g}" for s, k in syncs.sites(accum).items()) or "none"
