@@ -228,12 +228,12 @@ def check_data_vs_step(case: Case) -> list[Finding]:
 
 
 def short_run(case: Case, lr: float, syncs: HostSyncs | None = None) -> tuple[list[dict], str | None]:
-    """The first SHORT_RUN optimizer steps of train.py (its own loop) in a temporary folder: (train records,
-    the NaN message or None)."""
+    """The first SHORT_RUN optimizer steps of train.py (its own loop, eager: counting host syncs under
+    torch.compile would trace the counter) in a temporary folder: (train records, the NaN message or None)."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config.build({**config.flatten(config.to_dict(case.cfg)), "run.out_dir": tmp, "optim.lr": lr,
                             "train.max_steps": SHORT_RUN, "train.log_every": 1, "train.progress": "off",
-                            "checkpoint.every_steps": 0, "checkpoint.resume": "",
+                            "checkpoint.every_steps": 0, "checkpoint.resume": "", "model.compile": False,
                             "checkpoint.init_from": str(case.weights.resolve()) if case.weights else ""})
         error = None
         with contextlib.redirect_stdout(io.StringIO()), syncs or contextlib.nullcontext():
