@@ -8,6 +8,7 @@ Most gates train a tiny MLP on generated data; the MNIST > 98% gate (slow) train
 import dataclasses
 import errno
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -32,16 +33,20 @@ import checkpoint  # noqa: E402
 import config  # noqa: E402
 import main as demo  # noqa: E402
 import data  # noqa: E402
+import doctor  # noqa: E402
+import faults  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
 import runlog  # noqa: E402
 import train  # noqa: E402
+import troubleshoot as ts  # noqa: E402
+from troubleshoot import checks  # noqa: E402
 from faults import Faults  # noqa: E402
 from sprint.gates import Gates, run_this_file  # noqa: E402
 
 gates = Gates(__file__)
-for _m in (checkpoint, config, data, demo, memory, models, runlog, train):  # a same-named module elsewhere misleads
-    assert Path(_m.__file__).parent == HERE, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
+for _m in (checkpoint, config, data, demo, doctor, faults, memory, models, runlog, train, checks):
+    assert HERE in Path(_m.__file__).parents, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
 
 # A tiny run: generated data, a small MLP with dropout, 16 steps per epoch, 2 epochs, a checkpoint every 3 steps.
 TINY = {"data.dataset": "synthetic", "data.synthetic_size": 512, "data.val_size": 128, "model.hidden": 32,
@@ -264,13 +269,14 @@ def test_template_imports_nothing_from_the_repo():
     import ast
 
     offenders = []
-    for path in HERE.glob("*.py"):
-        if path.name == "check.py":  # the repo's gates use the repo's gate recorder; the template never does
+    for path in HERE.rglob("*.py"):
+        if path.name == "check.py" or "runs" in path.relative_to(HERE).parts:  # check.py: the repo's gate recorder
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "sprint" or n.startswith("day")]
+            offenders += [f"{path.relative_to(HERE)}: {n}" for n in names
+                          if n.split(".")[0] == "sprint" or n.startswith("day")]
     gates.check("template modules importing sprint/ or another day", offenders, "==", [])
 
 
@@ -291,6 +297,10 @@ def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_p
                 launches[-1]["resumed_from"] == str((run_dir / "last.pt").resolve()) and stopped_at > 0, "==", True)
     gates.check("copy outside the repo: steps done after resuming", checkpoint.load(run_dir / "last.pt")["step"],
                 "==", 4096 // 128)
+    code, text = launch([sys.executable, "doctor.py", "--config", "configs/synthetic_smoke.toml", "--symptom", "nan",
+                         "--fault", "nan@blocks.0.1"], cwd=copy, env=child_env(PYTHONPATH=""))
+    gates.check("copy outside the repo: doctor.py exit code with a NaN injected (3: problems found)", code, "==", 3)
+    assert "first module with a non-finite output: blocks.0.1 (LayerNorm)" in text and "Traceback" not in text, text
 
 
 # --- datasets and models switched by config only -------------------------------------------------------------------
@@ -751,6 +761,221 @@ def test_fsdp_trains_like_ddp_and_its_checkpoint_is_plain(dist_runs):
                 "==", 32)
     gates.check("single-process checkpoint resumed under FSDP2 (2 ranks): final step",
                 checkpoint.load(d["G"] / "last.pt")["step"], "==", 32)
+
+
+# --- the troubleshooting toolkit (troubleshoot/, doctor.py): each tool finds its fault, and nothing when clean -----
+INFO = data.Info(1, 28, 10)
+TOOL_MODELS = {"mlp": ["model.depth=2", "model.hidden=32"], "resnet": ["model.name=resnet", "model.widths=[4, 8, 8]"]}
+
+
+def tool_model(name: str, *breaks) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = models.build(config.load(None, TOOL_MODELS[name]).model, INFO).train()
+    for spec in breaks:
+        faults.break_model(model, *spec)
+    return model
+
+
+def tool_batch(n: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def leaves(model) -> list[str]:
+    return [n for n, m in model.named_modules() if n and not list(m.children())]
+
+
+@pytest.mark.parametrize("name", TOOL_MODELS)
+def test_forward_hooks_name_the_module_where_a_nan_was_injected_and_none_on_a_clean_model(name):
+    batch = [tool_batch()]
+    gates.check(f"{name}: first non-finite module of the clean model",
+                ts.first_nonfinite_module(tool_model(name), batch), "==", None)
+    targets = [n for n, m in tool_model(name).named_modules()  # every module that runs, containers included
+               if n and not isinstance(m, torch.nn.ModuleList)]
+    named = [t for t in targets if (ts.first_nonfinite_module(tool_model(name, ("nan", t)), batch) or "").split(" (")[0]
+             == t]
+    gates.check(f"{name}: modules where an injected NaN was named by the forward hooks (of {len(targets)})",
+                len(named), "==", len(targets))
+
+
+@pytest.mark.parametrize("kind, function", [("sqrt_neg", "SqrtBackward0"), ("log0", "LogBackward0")])
+def test_anomaly_mode_names_the_backward_op_that_made_the_nan(kind, function):
+    """sqrt of a negative and log(0), hidden in forward by torch.where: every forward output is finite, so the hooks
+    see nothing; anomaly mode names the backward function and the line that created it."""
+    batch, model = [tool_batch()], tool_model("mlp")
+    gates.check("anomaly mode on the clean model: backward ops that made a NaN", ts.backward_nan_op(model, batch),
+                "==", None)
+    module = random.Random().choice(leaves(model))
+    broken = tool_model("mlp", (kind, module))
+    found = ts.backward_nan_op(broken, batch)
+    gates.check(f"{kind} injected at {module}: the backward function anomaly mode names",
+                found and found.function, "==", function)
+    assert "faults.py" in found.where and ("sqrt" if kind == "sqrt_neg" else "log") in found.where, found
+    gates.check(f"{kind}: first non-finite module in forward (the NaN exists only in backward)",
+                ts.first_nonfinite_module(broken, batch), "==", None)
+
+
+def test_overfit_one_batch_memorises_with_the_mlp_and_flags_the_variants_that_cannot_learn():
+    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [])
+    splits = data.build(cfg.data, 0)
+    batch = splits.train.batch(0, torch.arange(8))
+
+    def attempt(*breaks, lr=None):
+        torch.manual_seed(0)
+        model = models.build(cfg.model, splits.info)
+        for spec in breaks:
+            faults.break_model(model, *spec)
+        optimizer = train.build_optimizer(model, cfg.optim)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.optim.lr if lr is None else lr
+        return ts.overfit_one_batch(model, optimizer, batch)
+
+    clean = attempt()
+    gates.check("MNIST MLP (shipped config), 8 samples: memorised (loss < 0.05)", clean.memorised, "==", True)
+    gates.check("MNIST MLP, 8 samples: steps to loss < 0.05 (of 200)", clean.steps, "<=", 200)
+    gates.check("MNIST MLP, 8 samples: flagged", clean.flagged, "==", False)
+    variants = {"every weight frozen": attempt(("freeze", "")), "learning rate 0": attempt(lr=0.0),
+                "graph detached at the head's output": attempt(("detach", "head")),
+                "graph detached after blocks.0 (the head alone still memorises)": attempt(("detach", "blocks.0"))}
+    for name, result in variants.items():
+        gates.check(f"overfit one batch, {name}: flagged", result.flagged, "==", True)
+    gates.check("overfit one batch, partial detach: layers named as never changed",
+                variants["graph detached after blocks.0 (the head alone still memorises)"].unchanged, "==",
+                ["blocks.0.0", "blocks.0.1"])
+
+
+@pytest.mark.parametrize("name", TOOL_MODELS)
+def test_gradient_norms_name_the_exploding_and_the_vanishing_layer_and_none_on_a_clean_model(name):
+    batch = tool_batch()
+    clean = ts.gradient_norms(tool_model(name), batch)
+    model = tool_model(name)
+    torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+    reference = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")).item()
+    gates.check(f"{name}: |global norm / clip_grad_norm_'s - 1|", abs(clean.total / reference - 1), "<=", 1e-5)
+    gates.check(f"{name}, clean: exploding, vanishing and gradient-less layers",
+                clean.exploding + clean.vanishing + clean.no_gradient, "==", [])
+    layers = list(clean.norms)
+    for kind, field in (("explode", "exploding"), ("vanish", "vanishing")):
+        named = [layer for layer in layers
+                 if getattr(ts.gradient_norms(tool_model(name, (kind, layer)), batch), field) == [layer]]
+        gates.check(f"{name}: layers whose gradient was scaled by {'1e4' if kind == 'explode' else '1e-6'} named as "
+                    f"the (only) {field} one (of {len(layers)})", len(named), "==", len(layers))
+
+
+def test_lr_range_test_suggests_a_rate_that_trains_the_day4_mlp(tmp_path):
+    values = ["data.subset=4096", "data.val_size=1000", "train.epochs=2", "train.batch_size=64",
+              "train.progress=off", "train.log_every=1000"]
+    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), values)
+    splits = data.build(cfg.data, 0)
+    torch.manual_seed(0)
+    model = models.build(cfg.model, splits.info)
+    order = torch.randperm(len(splits.train), generator=torch.Generator().manual_seed(0))
+    batches = itertools.cycle([splits.train.batch(0, order[i:i + 64]) for i in range(0, len(order) - 63, 64)])
+    sweep = ts.lr_range_test(model, train.build_optimizer(model, cfg.optim), batches)
+    files = ts.lr_range.save(sweep, tmp_path / "doctor", cfg.optim.lr)
+    gates.check("LR range test: plot and CSV written", sorted(f.name for f in files if f.stat().st_size), "==",
+                ["lr_range.csv", "lr_range.png"])
+    gates.check("LR range test: smoothed loss at the valley bottom / at the start", min(sweep.smoothed) /
+                sweep.smoothed[0], "<", 0.5)
+    gates.check("LR range test: the sweep saw the loss turn up (diverged before lr_max)", sweep.diverged_at is not None,
+                "==", True)
+    val = {}
+    for name, lr in (("suggested", sweep.suggestion), ("diverged", sweep.diverged_at)):
+        result = train.run(config.load(str(HERE / "configs/mnist_mlp.toml"),
+                                       values + [f"optim.lr={lr}", f"run.out_dir={tmp_path / name}"]))
+        assert result["step"] == 2 * 4096 // 64
+        val[name] = [r for r in runlog.read_metrics(tmp_path / name) if r["kind"] == "val"][-1]
+    gates.check(f"Day 4 MLP at the suggested lr {sweep.suggestion:.2g}, 4,096 MNIST images, 2 epochs: val accuracy",
+                val["suggested"]["val_acc"], ">=", 0.90)
+    gates.check(f"val loss at the suggested lr / at the lr where the sweep diverged ({sweep.diverged_at:.2g})",
+                val["suggested"]["val_loss"] / val["diverged"]["val_loss"], "<=", 0.8)
+
+
+def test_data_check_flags_each_injected_data_fault_and_finds_real_mnist_clean():
+    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [])
+    splits = data.build(cfg.data, 0)
+    report = ts.check_data(splits, 10)
+    gates.check("real MNIST: exact duplicates (val in train, test in train, test in val)",
+                list(report.duplicates.values()), "==", [0, 0, 0])
+    gates.check("real MNIST (55,000 / 5,000 / 10,000): problems found", report.problems(), "==", [])
+    gates.check("real MNIST: train inputs mean, std after normalisation",
+                [round(report.splits["train"].mean, 2), round(report.splits["train"].std, 2)], "==", [0.0, 1.0])
+    train_x, train_y = splits.train.x[:2000], splits.train.y[:2000]
+    rare = torch.cat([(train_y != 5).nonzero().flatten(), (train_y == 5).nonzero().flatten()[:10]])
+    cases = {  # fault -> (splits, the kind of problem expected, words the problem must say)
+        "nan_input=500": (faults.break_data(splits, "nan_input", "500"), "nonfinite", "3,136 NaN/Inf input values"),
+        "leak=7": (faults.break_data(splits, "leak", "7"), "leak", "test in train: 7 exact duplicate(s)"),
+        "drop_class=3": (faults.break_data(splits, "drop_class", "3"), "labels", "no sample of class(es) [3]"),
+        "class 5 cut to 10 samples": (data.Splits(data.TensorData(train_x[rare], train_y[rare], *data.STATS["mnist"]),
+                                                  splits.val, splits.test, splits.info), "labels", "class imbalance"),
+        "raw 0-255 pixels": (data.Splits(data.TensorData(train_x.float(), train_y), splits.val, splits.test,
+                                         splits.info), "normalisation", "train inputs not normalised")}
+    for name, (broken, kind, words) in cases.items():
+        problems = ts.check_data(broken, 10, limit=2000).problems()
+        gates.check(f"MNIST with {name}: kinds of problem found", sorted({k for k, _ in problems}), "==", [kind])
+        assert any(words in line for _, line in problems), problems
+
+
+def test_data_vs_step_flags_a_slow_loader_as_data_bound(tmp_path):
+    verdicts = {}
+    for name, fault in (("in-memory", []), ("slow loader", ["slow_data=0.02"])):
+        cfg = cfg_of(TINY, tmp_path / "run")
+        case = checks.Case(cfg, Faults(breaks="+".join(fault)), tmp_path / "doctor")
+        verdicts[name] = checks.check_data_vs_step(case)[0].figures
+    gates.check("tiny MLP, in-memory data: data/step band", verdicts["in-memory"]["band"], "!=", "data-bound")
+    gates.check("tiny MLP, loader slowed by 20 ms a batch: data/step ratio", verdicts["slow loader"]["ratio"], ">",
+                0.20)
+
+
+def test_host_syncs_per_step_counts_one_in_the_template_and_an_added_item(tmp_path):
+    counts = {}
+    for name, extra in (("template", False), ("+ .item() in a hook", True)):
+        syncs = ts.HostSyncs(torch.device("cpu"))
+        model_fault = Faults()
+        if extra:
+            model_fault.install = lambda model, step_now: model.head.register_forward_hook(
+                lambda m, a, out: print(end="") if out.sum().item() else None)
+        with syncs:
+            train.run(cfg_of({**TINY, "train.max_steps": 6, "checkpoint.every_steps": 0},  # a save copies to the host
+                             tmp_path / name.replace(" ", "_")), model_fault)
+        counts[name] = (syncs.per_step()[0], syncs.sites())
+    gates.check("host syncs in a typical step of train.py's loop", counts["template"][0], "==", 1)
+    gates.check("host syncs in a typical step with a forward hook calling .item()", counts["+ .item() in a hook"][0],
+                "==", 2)
+    assert any(site.startswith("check.py:") and site.endswith(" item") for site in counts["+ .item() in a hook"][1])
+
+
+def test_doctor_runs_the_checklists_cheapest_first_and_finds_injected_faults(tmp_path, capsys):
+    base = ["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "run")}), "--out", str(tmp_path / "doctor")]
+    gates.check("doctor --symptom all on the tiny clean config: exit code (0: no problem)",
+                doctor.main(["--symptom", "all", *base]), "==", 0)
+    clean = capsys.readouterr().out
+    order = [line.split(" | ")[0].split("] ")[1] for line in clean.splitlines() if line.startswith("[")]
+    gates.check("doctor: the checks in the order printed", list(dict.fromkeys(order)), "==", [
+        "config", "forward", "gradients", "anomaly", "overfit", "data_vs_step", "data", "short_run", "lr_range",
+        "gpu_only"])  # free, one pass, a few steps, a pass over the data, training runs, what needs a GPU
+    seconds = json.loads((tmp_path / "doctor" / "findings.json").read_text())["seconds"]
+    gates.check("doctor: slowest single-pass check (forward, gradients, anomaly) / fastest training check "
+                "(short run, LR sweep)", max(seconds[k] for k in ("forward", "gradients", "anomaly")) /
+                min(seconds[k] for k in ("short_run", "lr_range")), "<", 1)
+    cases = {"nan": ("sqrt_neg@blocks.0.0", "SqrtBackward0"), "loss": ("freeze", "cannot train"),
+             "exploding": ("explode@head", "exploding: head"), "gpu": ("slow_data=0.02", "data-bound")}
+    for symptom, (fault, words) in cases.items():
+        code = doctor.main(["--symptom", symptom, "--fault", fault, *base])
+        text = capsys.readouterr().out
+        gates.check(f"doctor --symptom {symptom} --fault {fault}: exit code 3 and the fault named",
+                    code == 3 and words in text, "==", True)
+    bad = {"--set optim.lr=0": ["--set", "optim.lr=0"], "--fault melt": ["--fault", "melt"],
+           "--fault nan@nowhere": ["--fault", "nan@nowhere"]}
+    refused = 0
+    for argv in bad.values():
+        code = doctor.main(["--symptom", "nan", *argv, "--out", str(tmp_path / "bad")])
+        err = capsys.readouterr().err
+        refused += code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit) as exc:
+        doctor.main(["--symptom", "slow"])
+    gates.check("doctor: bad --set/--fault/--symptom refused with exit 2, one line, nothing written",
+                refused + (exc.value.code == 2), "==", len(bad) + 1)
 
 
 # --- CUDA only -------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ Every value is checked before any work starts: an unknown key (with the nearest 
 impossible value raises `ConfigError` naming the field; `train.py` prints it and exits with code 2, having written
 nothing. Each field carries its one-line *why*; `python train.py --help-config` prints them all.
 """
+import argparse
 import dataclasses
 import difflib
 import json
@@ -282,6 +283,16 @@ def check_out_dir(cfg: Config) -> None:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"run.out_dir {cfg.run.out_dir}: {existing} is not a writable folder")
+
+
+def argument_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser with --config and --set; `doc`, the script's docstring: line 1 describes it, the rest is the epilog."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0], epilog="\n".join(doc.splitlines()[2:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="a TOML file (see configs/); fields left out keep their defaults")
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="override fields: --set optim.lr=1e-3 train.amp=true data.dataset=synthetic")
+    return parser
 
 
 def load(path: str | None, overrides: list[str]) -> Config:

@@ -8,6 +8,21 @@ Set in the environment, e.g. `TEMPLATE_FAULTS="nan_step=7,nan_module=blocks.0" p
     step_sleep=S                  sleep S seconds after each optimizer step (gives a signal time to land mid-run)
     audit_writes=DIR              at exit, write DIR/audit-rank<R>.json: every file this process created, renamed,
                                   linked or deleted (proves that only rank 0 writes)
+    breaks=A+B                    break the model or the data for good (below), e.g. breaks=explode@head+leak=100
+
+Breaks: the bugs the troubleshooting toolkit finds (its gates and `doctor.py --fault` use them):
+
+    nan@MODULE       MODULE's output times NaN (a forward NaN: the forward hooks name MODULE)
+    sqrt_neg@MODULE  where(out > 0, sqrt(out), 0): finite forward, NaN in sqrt's backward (anomaly mode names it)
+    log0@MODULE      where(out > 0, log(clamp(out, 0)), 0): log(0) hidden in forward, NaN in log's backward
+    explode@MODULE   MODULE's parameter gradients times 1e4 (the gradient norms name MODULE)
+    vanish@MODULE    MODULE's parameter gradients times 1e-6 (named as vanishing)
+    detach@MODULE    MODULE's output detached: no gradient reaches MODULE or anything before it
+    freeze[@MODULE]  requires_grad=False on MODULE (default: the whole model)
+    nan_input[=K]    every K-th training sample (default 1000) holds NaN inputs
+    leak[=N]         the first N test samples (default 100) replace training samples: exact train/test duplicates
+    drop_class[=C]   class C (default 0) removed from the training split
+    slow_data[=S]    every training batch takes S more seconds to load (default 0.05): a data-bound loop
 """
 import atexit
 import json
@@ -19,6 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
+from data import BatchData, Splits
+
+MODEL_BREAKS = ("nan", "sqrt_neg", "log0", "explode", "vanish", "detach", "freeze")
+DATA_BREAKS = {"nan_input": 1000, "leak": 100, "drop_class": 0, "slow_data": 0.05}  # kind -> default value
+
 
 @dataclass
 class Faults:
@@ -28,6 +48,7 @@ class Faults:
     kill_between_links: int = 0
     step_sleep: float = 0.0
     audit_writes: str = ""
+    breaks: str = ""
 
     @classmethod
     def from_env(cls, text: str | None = None) -> "Faults":
@@ -47,6 +68,15 @@ class Faults:
             first.register_hook(lambda g: g * float("inf") if step_now() + 1 == self.inf_grad_step else g)
         if self.audit_writes:
             audit_writes(self.audit_writes)
+        for spec in parse_breaks(self.breaks):
+            if spec[0] in MODEL_BREAKS:
+                break_model(model, *spec)
+
+    def break_data(self, splits: Splits) -> Splits:
+        for spec in parse_breaks(self.breaks):
+            if spec[0] in DATA_BREAKS:
+                splits = break_data(splits, *spec)
+        return splits
 
     def after_step(self) -> None:
         if self.step_sleep:
@@ -87,3 +117,72 @@ def audit_writes(folder: str) -> None:
 
     sys.addaudithook(hook)
     atexit.register(dump)
+
+
+# -- breaks: bugs put in on purpose ------------------------------------------------------------------------------
+def parse_breaks(text: str) -> list[tuple[str, str]]:
+    """"explode@head+leak=5" -> [("explode", "head"), ("leak", "5")]; ValueError naming an unknown kind."""
+    specs = []
+    for item in filter(None, text.split("+")):
+        kind, _, arg = item.replace("=", "@").partition("@")
+        if kind not in MODEL_BREAKS and kind not in DATA_BREAKS:
+            raise ValueError(f"unknown fault {item!r}; known: {', '.join([*MODEL_BREAKS, *DATA_BREAKS])}")
+        if kind in MODEL_BREAKS and kind != "freeze" and not arg:
+            raise ValueError(f"fault {kind} needs a module: {kind}@NAME (e.g. {kind}@head)")
+        specs.append((kind, arg))
+    return specs
+
+
+def break_model(model: torch.nn.Module, kind: str, name: str = "") -> None:
+    """Put bug `kind` into module `name` of `model` (hooks and flags; the weights are untouched)."""
+    modules = dict(model.named_modules())
+    if name not in modules:
+        raise ValueError(f"fault {kind}@{name}: no module {name!r}; modules: {', '.join(n for n in modules if n)}")
+    module = modules[name]
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)) and kind in ("nan", "sqrt_neg", "log0", "detach"):
+        raise ValueError(f"fault {kind}@{name}: {name} is a {type(module).__name__}, never called itself; name one of "
+                         f"its items ({name}.0)")
+    if kind in ("explode", "vanish"):
+        factor = 1e4 if kind == "explode" else 1e-6
+        for p in list(module.parameters(recurse=False)) or list(module.parameters()):
+            p.register_hook(lambda g: g * factor)
+    elif kind == "freeze":
+        module.requires_grad_(False)
+    else:
+        change = {"nan": lambda out: out * float("nan"),
+                  "sqrt_neg": lambda out: torch.where(out > 0, out.sqrt(), 0.0),
+                  "log0": lambda out: torch.where(out > 0, out.clamp(min=0).log(), 0.0),
+                  "detach": lambda out: out.detach()}[kind]
+        module.register_forward_hook(lambda m, args, out: change(out))
+
+
+class BrokenData(BatchData):
+    """A training split with a data fault (see DATA_BREAKS); picklable, so it also runs in DataLoader workers."""
+
+    def __init__(self, inner: BatchData, kind: str, value, test: BatchData | None = None):
+        self.inner, self.kind, self.value, self.test = inner, kind, value, test
+        self.keep = (inner.y != value).nonzero().flatten() if kind == "drop_class" else None
+
+    def __len__(self) -> int:
+        return len(self.keep) if self.keep is not None else len(self.inner)
+
+    def batch(self, epoch, indices):
+        if self.kind == "drop_class":
+            return self.inner.batch(epoch, self.keep[indices])
+        x, y = self.inner.batch(epoch, indices)
+        if self.kind == "slow_data":
+            time.sleep(self.value)
+        elif self.kind == "nan_input":
+            x[indices % self.value == 0] = float("nan")
+        elif self.kind == "leak" and (hit := indices < self.value).any():
+            x[hit], y[hit] = self.test.batch(-1, indices[hit])
+        return x, y
+
+
+def break_data(splits: Splits, kind: str, arg: str = "") -> Splits:
+    """`splits` with its training split broken by `kind` (the value in `arg`, or the kind's default)."""
+    value = type(DATA_BREAKS[kind])(arg) if arg else DATA_BREAKS[kind]
+    if kind == "leak" and splits.test is None:
+        raise ValueError("fault leak needs a test split")
+    broken = BrokenData(splits.train, kind, value, splits.test)
+    return Splits(broken, splits.val, splits.test, splits.info)

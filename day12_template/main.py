@@ -2,10 +2,11 @@
 
 The file you keep is train.py (README.md says how to adapt it). This demo runs it on each config in configs/: MNIST +
 MLP to the end (the G0 gate: > 98% test accuracy), the others capped at --max-steps optimizer steps, an image folder
-made of MNIST digits for configs/imagefolder.toml. Then one table: what each config reached, how fast, where.
+made of MNIST digits for configs/imagefolder.toml. Then one table: what each config reached, how fast, where. Last,
+the troubleshooting doctor (doctor.py) on configs/mnist_mlp.toml: clean, then with one known bug per symptom.
 
 Run:    python day12_template/main.py                 (~2 min on a 2-core CPU; runs in day12_template/runs/demo)
-        python day12_template/main.py --quick         (every config capped at 20 steps: seconds each)
+        python day12_template/main.py --quick         (every config capped at 20 steps: seconds each; no doctor)
         python day12_template/main.py --out day12_template/results      (refresh the committed summary)
         python day12_template/main.py --make-digits runs/digits         (only write an example image folder)
 Gates:  python day12_template/check.py
@@ -24,11 +25,15 @@ import torch  # noqa: E402
 
 import config  # noqa: E402
 import data  # noqa: E402
+import doctor  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
 
 CONFIGS = ["synthetic_smoke", "mnist_mlp", "mnist_resnet", "fashion_mnist_resnet", "imagefolder"]
 FULL = {"synthetic_smoke", "mnist_mlp"}  # trained to the end; the others are capped
+DOCTOR = {"clean": ("all", ""), "nan_sqrt_neg": ("nan", "sqrt_neg@blocks.0.0"),  # run -> (symptom, fault put in)
+          "loss_detach": ("loss", "detach@blocks.0"), "exploding_head": ("exploding", "explode@head"),
+          "gpu_slow_data": ("gpu", "slow_data=0.02")}
 
 
 def make_digits(root: Path, per_class: dict | None = None, mnist_root: str = "") -> Path:
@@ -85,6 +90,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def doctor_demo(out: Path) -> str:
+    """doctor.py on configs/mnist_mlp.toml, clean (every checklist) and with one known bug per symptom: a table of
+    what each run found (the full reports: out/doctor/<run>/report.txt)."""
+    lines = ["| doctor run (report) | flags | exit | problems found |", "|---|---|---:|---|"]
+    for name, (symptom, fault) in DOCTOR.items():
+        flags = ["--symptom", symptom] + (["--fault", fault] if fault else [])
+        print(f"\n== doctor.py {' '.join(flags)}", flush=True)
+        code = doctor.main(["--config", str(HERE / "configs/mnist_mlp.toml"), *flags, "--out", str(out / name)])
+        found = json.loads((out / name / "findings.json").read_text())["findings"]
+        problems = "<br>".join(f"{f['check']}: {f['text']}" for f in found if f["status"] == "PROBLEM") or "none"
+        lines.append(f"| [{name}](doctor/{name}/report.txt) | `{' '.join(flags)}` | {code} | {problems} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -111,6 +130,8 @@ def main(argv=None) -> list[dict]:
     note = (f"\nMeasured by `python day12_template/main.py{' --quick' if args.quick else ''}` on {machine}, torch "
             f"{torch.__version__}, {torch.get_num_threads()} thread(s); all configs in one process, one after "
             f"another.\n")
+    if not args.quick:
+        text += "\n\n" + doctor_demo(out / "doctor")
     print("\n" + text + note)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(text + "\n" + note)

@@ -14,7 +14,7 @@ import os
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; must be set before CUDA starts
 
-import argparse
+import contextlib
 import math
 import random
 import sys
@@ -92,19 +92,21 @@ def run(cfg: config.Config, faults: Faults | None = None) -> dict:
         raise config.ConfigError(str(exc)) from None
     stop = StopSignal(repeat_stops=not d.enabled)
     try:
-        return fit(cfg, d, faults or Faults(), stop)
+        with contextlib.ExitStack() as closing:  # files and writer threads are closed however the run ends
+            return fit(cfg, d, faults or Faults(), stop, closing)
     finally:
         stop.restore()
         d.close()
 
 
-def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSignal) -> dict:
+def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSignal, closing: contextlib.ExitStack
+        ) -> dict:
     # 1. Everything that can be refused is checked before anything is written.
     config.check_combinations(cfg, d.world)
     run_dir, device, tc = Path(cfg.run.out_dir), d.device, cfg.train
     resume, ckpt = checkpoint.resume_source(cfg)
     seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.model.compile)
-    splits = data.build(cfg.data, cfg.run.seed)
+    splits = faults.break_data(data.build(cfg.data, cfg.run.seed))  # no-op unless a drill breaks the data
     model = models.build(cfg.model, splits.info).to(device)
     if cfg.model.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -146,6 +148,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
         checkpoint.clean_stale_tmp(run_dir)
     log = runlog.RunLog(run_dir, cfg, d.is_main, st["step"],
                         runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
+    closing.callback(log.close)
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
             f"({len(splits.train):,} train / {len(splits.val):,} val) | {device} x {d.world} | {run_dir}")
     if ckpt:
@@ -268,12 +271,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--config", help="a TOML file (see configs/); fields left out keep their defaults")
-    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                        help="override fields: --set optim.lr=1e-3 train.amp=true data.dataset=synthetic")
+    parser = config.argument_parser(__doc__)
     parser.add_argument("--print-config", action="store_true", help="print the effective config as TOML and exit")
     parser.add_argument("--help-config", action="store_true", help="list every field with its default and reason")
     args = parser.parse_args(argv)

@@ -1,0 +1,63 @@
+"""What the doctor's checks work on: a config's data (faults applied), its device, and fresh models on demand."""
+import itertools
+from pathlib import Path
+
+import torch
+
+import checkpoint
+import config
+import data
+import distributed
+import models
+import train
+from faults import Faults
+
+
+class Case:
+    """What the checks work on: the config, its data (faults applied), the device, and fresh models on demand."""
+
+    def __init__(self, cfg: config.Config, faults: Faults, out: Path):
+        self.cfg, self.faults, self.out = cfg, faults, out
+        try:
+            self.device = distributed.pick_device(cfg.run.device, 0)
+        except ValueError as exc:
+            raise config.ConfigError(str(exc)) from None
+        self.splits = faults.break_data(data.build(cfg.data, cfg.run.seed))
+        self.weights = weights_of(cfg)
+        self.micro = min(cfg.train.batch_size // cfg.train.grad_accum, len(self.splits.train))
+        dtype = torch.bfloat16 if cfg.train.amp_dtype == "bfloat16" else torch.float16
+        self.autocast = lambda: torch.autocast(self.device.type, dtype=dtype, enabled=cfg.train.amp)
+        # A fault naming a missing module, or a checkpoint that does not fit, fails here; and the first optimizer
+        # pays torch's one-time imports here, not inside the first check.
+        self.optimizer(self.model())
+
+    def model(self) -> torch.nn.Module:
+        torch.manual_seed(self.cfg.run.seed)  # every check starts from the same weights
+        model = models.build(self.cfg.model, self.splits.info)
+        if self.weights:
+            checkpoint.load_weights(model, self.weights)
+        model = model.to(self.device).train()
+        self.faults.install(model, lambda: 0)
+        return model
+
+    def optimizer(self, model) -> torch.optim.Optimizer:
+        return train.build_optimizer(model, self.cfg.optim)
+
+    def batches(self, size: int = 0):
+        """Training batches in a fixed shuffled order, endlessly, on the device."""
+        size = min(size or self.micro, len(self.splits.train))
+        order = torch.randperm(len(self.splits.train), generator=torch.Generator().manual_seed(self.cfg.run.seed))
+        for epoch in itertools.count():
+            for i in range(0, len(order) - size + 1, size):
+                x, y = self.splits.train.batch(epoch, order[i:i + size])
+                yield x.to(self.device), y.to(self.device)
+
+
+def weights_of(cfg: config.Config) -> Path | None:
+    """The weights to examine: checkpoint.init_from, or the checkpoint checkpoint.resume would continue from."""
+    if cfg.checkpoint.init_from:
+        return Path(cfg.checkpoint.init_from)
+    if cfg.checkpoint.resume == "auto":
+        last = Path(cfg.run.out_dir) / "last.pt"
+        return last if last.exists() else None
+    return Path(cfg.checkpoint.resume) if cfg.checkpoint.resume else None

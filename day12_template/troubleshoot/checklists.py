@@ -1,0 +1,93 @@
+"""The four symptom checklists (the curriculum's, cheapest step first) and the findings the doctor prints.
+
+Each checklist item has a key (`nan-5`); each finding names the items it answers, so a printed finding says which
+question of which checklist it settles. `SYMPTOMS` is the decision path: for a symptom, the checks to run, in order
+of cost (free config review -> one forward -> one backward -> a few steps -> a pass over the data -> short
+training runs); the doctor prints what each check took.
+"""
+from dataclasses import dataclass, field
+
+ITEMS = {
+    # NaN or inf loss
+    "nan-1": "learning rate too high: the cheapest bisection is the same run at lr / 10",
+    "nan-2": "division by zero, log(0) or sqrt of a negative in a layer or the loss",
+    "nan-3": "exp/softmax overflow: a hand-written exp without subtracting the max",
+    "nan-4": "fp16 overflow (max 65504) or fp16 without a GradScaler",
+    "nan-5": "NaN/Inf already in the input data",
+    "nan-6": "still unexplained: anomaly mode names the backward op that made the NaN",
+    # loss not decreasing
+    "loss-1": "overfit one batch: a working model memorises 8 samples",
+    "loss-2": "labels match the inputs: histogram, range, no class missing",
+    "loss-3": "a gradient reaches every layer",
+    "loss-4": "cross-entropy gets logits, not softmax outputs",
+    "loss-5": "learning rate too high (oscillates, NaN) or too low (barely moves)",
+    "loss-6": "initialisation not extreme: the first loss is about ln(classes)",
+    "loss-7": "the optimizer updates every trainable parameter and the schedule's rate is not 0",
+    "loss-8": "inputs normalised, train and evaluation alike",
+    "loss-9": "validation/test independent of training: no exact duplicates (a leak flatters the figures)",
+    # exploding or vanishing gradients
+    "grad-1": "exploding: global norm above 1e3, or one layer far above the others",
+    "grad-2": "vanishing: layers with (almost) no gradient",
+    "grad-3": "norm pinned at max_norm: every step clipped, training speed-limited",
+    # GPU utilisation below ~60%
+    "gpu-1": "data loading keeps up: data/step ratio, enough data.num_workers",
+    "gpu-2": "pinned host memory for asynchronous copies (data.pin_memory)",
+    "gpu-3": "augmentation not too heavy for the CPU",
+    "gpu-4": "storage fast enough (not many small files on a network disk)",
+    "gpu-5": "workers kept between epochs (persistent_workers)",
+    "gpu-6": "model and batch large enough to fill the GPU (kernel launch overhead)",
+    "gpu-7": "no host syncs in the loop: .item(), .cpu(), .tolist(), print(tensor)",
+    "gpu-8": "Python overhead between kernels",
+    "gpu-9": "batch not too small (< 32 per forward)",
+    "gpu-10": "mixed precision on (bf16 autocast uses the tensor cores)",
+    "gpu-11": "memory not at the limit (allocator churn)",
+    "gpu-12": "the GPU not shared with other processes",
+}
+
+# check -> what it costs, in the order the doctor runs them (cheapest first; the data pass grows with the dataset)
+CHECKS = {
+    "config": "free: reads the config and builds the model",
+    "forward": "one forward pass on 4 batches",
+    "gradients": "one backward pass",
+    "anomaly": "2 forward and backward passes under anomaly mode (2-5x slower)",
+    "overfit": "up to 200 steps on 8 samples",
+    "data_vs_step": "23 timed batches and steps",
+    "data": "one pass over every sample, each hashed",
+    "short_run": "train.py's first 30 optimizer steps, its evaluation and checkpoint",
+    "lr_range": "an LR sweep of 100 steps",
+    "gpu_only": "free: says what only a GPU can measure",
+}
+
+SYMPTOMS = {
+    "nan": ("NaN or inf loss", ["config", "forward", "gradients", "anomaly", "data", "short_run", "lr_range"]),
+    "loss": ("loss not decreasing", ["config", "forward", "gradients", "overfit", "data", "short_run", "lr_range"]),
+    "exploding": ("exploding or vanishing gradients", ["config", "gradients", "short_run", "lr_range"]),
+    "gpu": ("low GPU utilisation", ["config", "data_vs_step", "short_run", "gpu_only"]),
+}
+
+
+@dataclass
+class Finding:
+    check: str
+    status: str  # ok | PROBLEM | note | not measured
+    text: str
+    items: list[str]  # the checklist items it answers ([] : a check that could not run, shown under every symptom)
+    fix: str = ""
+    figures: dict = field(default_factory=dict)  # the measured values, for findings.json
+
+    def concerns(self, symptom: str) -> bool:
+        prefix = symptom.replace("exploding", "grad") + "-"
+        return symptom == "all" or not self.items or any(i.startswith(prefix) for i in self.items)
+
+    def render(self, number: int) -> str:
+        tags = ", ".join(self.items) or "the check failed"
+        lines = [f"[{number}] {self.check} | {self.status} | {tags}", f"    {self.text}"]
+        if self.fix and self.status != "ok":
+            lines.append(f"    fix: {self.fix}")
+        return "\n".join(lines)
+
+
+def plan(symptom: str) -> list[str]:
+    """The checks for `symptom` (or every symptom: `all`), cheapest first."""
+    wanted = {c for s, (_, checks) in SYMPTOMS.items() if symptom in (s, "all") for c in checks}
+    return [c for c in CHECKS if c in wanted]
