@@ -62,8 +62,9 @@ def test_a_cited_test_marked_slow_in_the_answers_is_slow_in_the_code():
     noted = set(re.findall(r"`([^`]+::[^`]+)` \(slow\)", text))
     for nodeid in NODEIDS:
         path, name = nodeid.split("::")[0], nodeid.split("::")[1].split("[")[0]
-        source = (ROOT / path).read_text()
-        head = source[:source.index(f"def {name}(")].rsplit("\n\n", 1)[-1]
+        source = (ROOT / path).read_text() if (ROOT / path).is_file() else ""
+        assert f"\ndef {name}(" in source, f"{nodeid}: no test {name} in {path}"
+        head = source[:source.index(f"\ndef {name}(")].rsplit("\n\n", 1)[-1]
         assert ("@pytest.mark.slow" in head) == (nodeid in noted), nodeid
 
 
