@@ -362,7 +362,8 @@ def memcalc_intro() -> str:
         "The memory-budget calculator (`python day10_bigbatch_ckpt/memcalc.py examples`) reproduces every worked "
         "example of the curriculum's memory section ({calc:memcalc_matches} figures match, from "
         "{calc:memcalc_calls} CLI calls). Its 12 GB table (`python day10_bigbatch_ckpt/memcalc.py table`; "
-        "1 GB = 1e9 bytes, bf16 autocast + AdamW, s = 512, a fixed 0.8 GB plus activations × 1.3):")
+        "1 GB = 1e9 bytes, bf16 autocast + AdamW, s = 512, a fixed 0.8 GB plus activations × 1.3; "
+        "`python day10_bigbatch_ckpt/main.py` writes both to `results/`):")
 
 
 # --- the day READMEs' figures (their tables are included from results/ verbatim) ---------------------------------

@@ -199,8 +199,9 @@ def wrap(text: str, width: int = 118) -> str:
             lines.append(line)
         else:
             indent = "  " if line.startswith("- ") else ""
-            lines += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
-                                   break_on_hyphens=False)
+            glued = re.sub(r"`[^`]*`", lambda m: m[0].replace(" ", "\0"), line)  # never break inside `code`
+            lines += [part.replace("\0", " ") for part in textwrap.wrap(
+                glued, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)]
     return "\n".join(lines)
 
 
