@@ -392,6 +392,8 @@ def day04_results() -> str:
 
 
 def day06_resume() -> str:
+    """Day 6 README: d6/summary.json chains.*.kill_at, .segments[1:].resumed_from, .comparison (steps_computed,
+    loss/sample mismatches, final_log_equal, state_diffs), reference_test (best_val, test_acc)."""
     chains = read("d6/summary.json", "chains")
     kills = "; ".join(f"the num_workers={c['workers']} run after steps " + ", ".join(map(str, c["kill_at"]))
                       for c in chains.values())
@@ -523,12 +525,15 @@ def day08_xor() -> str:
 
 
 def day08_mnist() -> str:
+    """Day 8 README: d8/summary.json mnist.history[*] (epoch, train_loss, test_acc), one row each."""
     rows = read("d8/summary.json", "mnist.history")
     return table(["epoch", "train loss", "test accuracy"],
                  [[str(r["epoch"]), f"{r['train_loss']:.3f}", f"{r['test_acc']:.2%}"] for r in rows])
 
 
 def day08_bench() -> str:
+    """Day 8 README: d8/bench.json scalar.runs[*].gc_share per engine and collector (lowest-highest over the two
+    heaps), tracked_objects (max), scalar.speedup.numpy.paused, scalar.tensor_engine_vs_micrograd_default."""
     runs = read("d8/bench.json", "scalar.runs")
     share = lambda engine, collector: sorted(r["gc_share"] for r in runs  # noqa: E731
                                              if r["engine"] == engine and r["collector"] == collector)
@@ -557,6 +562,7 @@ def day08_bench() -> str:
 
 
 def day09_seeds() -> str:
+    """Day 9 README: d9/seeds.json rows[*] (seed, val_acc, test_acc, test_errors)."""
     rows = read("d9/seeds.json", "rows")
     return "Seeds (`python day09_cnn/bench.py --out day09_cnn/results`, `results/seeds.json`): the chosen recipe, " \
         "each seed scored once on the test set: " + "; ".join(
@@ -565,6 +571,8 @@ def day09_seeds() -> str:
 
 
 def day09_residual() -> str:
+    """Day 9 README: d9/summary.json residual.plain[-1] and .residual[-1] (the deepest stack, one value per seed):
+    their ranges and the smallest residual/plain ratio."""
     res = read("d9/summary.json", "residual")
     plain, resid = res["plain"][-1], res["residual"][-1]
     ratio = min(r / p for r, p in zip(resid, plain))
@@ -650,6 +658,8 @@ def day10_memory() -> str:
 
 
 def day10_timings() -> str:
+    """Day 10 README: step_seconds of d10/summary.json and d10/avx2/summary.json: fp32 in ms, the other modes as
+    multiples of it (one run each), with each file's `machine`."""
     rows = []
     for path, cpu in (("d10/summary.json", "{d10/summary.json:machine}"),
                       ("d10/avx2/summary.json", "{d10/avx2/summary.json:machine}")):
