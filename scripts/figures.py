@@ -10,7 +10,7 @@ tests/test_report.py fails when a README differs from what the results files say
 import re
 from pathlib import Path
 
-from mdblocks import (BLOCKS, CALCS, DAYS, ROOT, TRACE, FigureError, _load, fill, read, render,  # noqa: F401
+from mdblocks import (BLOCKS, CALCS, DAYS, ROOT, TRACE, FigureError, fill, load_path, read, render,  # noqa: F401
                       results_file, table)
 
 
@@ -112,7 +112,7 @@ def machines() -> str:
     found = set()
     for day in DAYS.values():
         for path in sorted((ROOT / day / "results").rglob("*.json")):
-            data = _load(path, path.stat().st_mtime)
+            data = load_path(path, path.stat().st_mtime)
             if isinstance(data, dict) and isinstance(data.get("machine"), str):
                 found.add(re.split(r" \(|, (?=\d+ (?:logical )?cores)", data["machine"])[0])
     return "; ".join(sorted(found))
@@ -267,7 +267,7 @@ def results_table() -> str:
          "(seeds {d4/bench.json:config.seeds|join: / })"],
         ["initialisation and activations", "`python day04_mlp_mnist/init_lab.py`",
          "He + ReLU: layer 30 at {d4/init_lab.json:stds.relu.He|last|.3g} vs layer 1's "
-         "{d4/init_lab.json:stds.relu.He|first|.3g} std; dead ReLU units after Adam at LR 3e-2: "
+         "{d4/init_lab.json:stds.relu.He|first|.3g} std (too small an init: ×{calc:day4_small_init|.1e}); dead ReLU units after Adam at LR 3e-2: "
          "{d4/init_lab.json:dead.1.dead|.1%} (GELU {d4/init_lab.json:dead.2.dead|.1%}, SiLU "
          "{d4/init_lab.json:dead.3.dead|.1%}); SwiGLU with hidden 8d/3 has "
          "{d4/init_lab.json:ffn.0.swiglu_8d_3|,} parameters at d = {d4/init_lab.json:ffn.0.d}, like the 4d GELU MLP"],
@@ -765,6 +765,8 @@ def interview(n: int):
 
 CALCS.update({
     "machines": machines,
+    "day4_small_init": lambda: read("d4/init_lab.json", "stds.relu.too small")[-1]
+    / read("d4/init_lab.json", "stds.relu.too small")[0],
     "day1_machine": day1_machine,
     "day6_state": day6_state,
     "day6_gap_ratios": day6_gap_ratios,

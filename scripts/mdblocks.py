@@ -51,7 +51,8 @@ def results_file(ref: str) -> Path:
 
 
 @cache
-def _load(path: Path, mtime: float):
+def load_path(path: Path, mtime: float):
+    """The parsed JSON (a list of objects for JSON lines) of `path`, cached while its mtime stays the same."""
     text = path.read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" \
         else json.loads(text)
@@ -61,7 +62,7 @@ def load(ref: str):
     path = results_file(ref)
     if not path.is_file():
         raise FigureError(f"{path.relative_to(ROOT)} does not exist (run its refresh command)")
-    return _load(path, path.stat().st_mtime)
+    return load_path(path, path.stat().st_mtime)
 
 
 def walk(value, keys: list[str], where: str):
