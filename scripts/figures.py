@@ -267,7 +267,8 @@ def results_table() -> str:
          "(seeds {d4/bench.json:config.seeds|join: / })"],
         ["initialisation and activations", "`python day04_mlp_mnist/init_lab.py`",
          "He + ReLU: layer 30 at {d4/init_lab.json:stds.relu.He|last|.3g} vs layer 1's "
-         "{d4/init_lab.json:stds.relu.He|first|.3g} std (too small an init: ×{calc:day4_small_init|.1e}); dead ReLU units after Adam at LR 3e-2: "
+         "{d4/init_lab.json:stds.relu.He|first|.3g} std (too small an init: ×{calc:day4_small_init|.1e}); dead "
+         "ReLU units after Adam at LR 3e-2: "
          "{d4/init_lab.json:dead.1.dead|.1%} (GELU {d4/init_lab.json:dead.2.dead|.1%}, SiLU "
          "{d4/init_lab.json:dead.3.dead|.1%}); SwiGLU with hidden 8d/3 has "
          "{d4/init_lab.json:ffn.0.swiglu_8d_3|,} parameters at d = {d4/init_lab.json:ffn.0.d}, like the 4d GELU MLP"],
