@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 from sprint import REPO_ROOT, RUNS_ROOT
@@ -128,8 +129,8 @@ class OutcomeRecorder:
     """pytest plugin (the root conftest.py registers it): after a session, for each top-level folder whose tests all
     ran (a day, `errors`, `tests`), writes `runs/gates/<folder>.outcomes.json` with every test's outcome and the gates
     each test recorded. A test that fails before it records its gate shows up there as failed, so a report built from
-    it (`scripts/report.py`) cannot lose a failure. A folder that ran only in part (`-k`, `-m`, `-x`, an interrupt) is
-    not written: the last complete record stays."""
+    it (`scripts/report.py`) cannot lose a failure. A folder that ran only in part (some of its files, `file::test`,
+    `-k`, `-m`, `-x`, an interrupt) is not written: the last complete record stays."""
 
     def __init__(self, out_dir: Path = GATES_DIR, root: Path = REPO_ROOT):
         self.out_dir, self.root = Path(out_dir), Path(root)
@@ -143,6 +144,17 @@ class OutcomeRecorder:
     def folder(self, nodeid: str) -> str | None:
         head = nodeid.replace("\\", "/").split("::")[0].split("/")[0]
         return head if head and (self.root / head).is_dir() else None
+
+    def test_files(self, config, folder: str) -> set[str]:
+        """The files pytest would collect in `folder` (its python_files, outside its norecursedirs)."""
+        patterns, skip = config.getini("python_files"), config.getini("norecursedirs")
+        found = set()
+        for path in (self.root / folder).rglob("*.py"):
+            parts = path.relative_to(self.root).parts
+            if not any(fnmatch(d, pattern) for d in parts[1:-1] for pattern in skip) and \
+                    any(fnmatch(path.name, pattern) for pattern in patterns):
+                found.add("/".join(parts))
+        return found
 
     def pytest_sessionstart(self, session):
         self.started, self.first = time.time(), len(RECORDED)
@@ -192,7 +204,8 @@ class OutcomeRecorder:
 
         for folder in self.collected.keys() | self.errors.keys():
             nodeids = self.collected.get(folder, set())
-            if folder in self.partial or not nodeids <= self.tests.keys():
+            if folder in self.partial or not nodeids <= self.tests.keys() or (
+                    folder not in self.errors and self.files.get(folder) != self.test_files(session.config, folder)):
                 continue
             record = {"folder": folder, "started": self.started, "finished": time.time(), "torch": version("torch"),
                       "files": sorted(self.files.get(folder, ())), "collect_errors": self.errors.get(folder, []),

@@ -123,16 +123,18 @@ def recorded(tmp_path_factory):
     (root / "day99_example").mkdir()
     (root / "day99_example" / "check.py").write_text(CHECK)
     (root / "conftest.py").write_text(CONFTEST)
-    (root / "pytest.ini").write_text("[pytest]\npython_files = check.py\n")
+    (root / "pytest.ini").write_text("[pytest]\npython_files = check.py test_*.py\n")
     first = run_pytest(root, "day99_example")
     path = root / "gates" / "day99_example.outcomes.json"
     record = json.loads(path.read_text())
     partial = run_pytest(root, "day99_example", "-k", "passes")
-    return first, record, partial, json.loads(path.read_text())
+    (root / "day99_example" / "test_more.py").write_text("def test_more():\n    pass\n")
+    one_file = run_pytest(root, "day99_example/check.py")  # a second test file of the folder did not run
+    return first, record, partial, json.loads(path.read_text()), one_file
 
 
 def test_the_recorder_keeps_every_outcome_and_the_gates_each_test_recorded(recorded):
-    first, record, _, _ = recorded
+    first, record, *_ = recorded
     assert first.returncode == 1, first.stdout
     tests = record["tests"]
     assert {n.split("::")[1]: t["outcome"] for n, t in tests.items()} == {
@@ -152,8 +154,9 @@ def test_a_test_that_fails_before_its_gate_is_a_fail_row_in_the_report(recorded)
 
 
 def test_a_partial_run_keeps_the_last_complete_record(recorded):
-    _, record, partial, after = recorded
+    _, record, partial, after, one_file = recorded
     assert "1 passed, 2 deselected" in partial.stdout
+    assert "2 failed, 1 passed" in one_file.stdout
     assert after == record
 
 
