@@ -12,7 +12,12 @@ import torch
 from sprint import cli, gates
 
 
+def pytest_configure(config):
+    config.pluginmanager.register(gates.OutcomeRecorder(), "sprint-outcomes")  # runs/gates/<folder>.outcomes.json
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.get_closest_marker("after_all") is not None)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False on this machine")

@@ -1,9 +1,10 @@
-"""Re-make every committed `dayNN_*/results/` file from its command at the default settings.
+"""Re-make every committed `dayNN_*/results/` file from its command at the default settings, then the README
+figures that quote them (`scripts/report.py --readme`).
 
 Runs alone only: the figures include timings, so run it on a quiet machine (nothing else busy) and commit what changed
-together with the README figures that quote it. Everyday runs write to the git-ignored `runs/` instead.
+together with the READMEs. Everyday runs write to the git-ignored `runs/` instead.
 
-Run:  python scripts/refresh_results.py                 (every day, about half an hour on 2 cores)
+Run:  python scripts/refresh_results.py                 (every day; each command prints its own time)
       python scripts/refresh_results.py --only 4 9      (some days)
       python scripts/refresh_results.py --list          (the commands, run nothing)
 """
@@ -63,6 +64,8 @@ def main(argv=None) -> int:
             print(f"    exit {done.returncode} after {time.perf_counter() - t0:.0f} s", flush=True)
             if done.returncode:
                 return done.returncode
+    if not args.list:  # the READMEs quote the results: bring them in line
+        return subprocess.run([sys.executable, "scripts/report.py", "--readme"], cwd=ROOT).returncode
     return 0
 
 

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 from sprint import REPO_ROOT, RUNS_ROOT
@@ -122,3 +123,97 @@ def run_this_file(check_file: str) -> None:
 
     sys.exit(pytest.main([str(Path(check_file).resolve()), "-q", "-p", "no:cacheprovider", "--rootdir",
                           str(REPO_ROOT)]))
+
+
+class OutcomeRecorder:
+    """pytest plugin (the root conftest.py registers it): after a session, for each top-level folder whose tests all
+    ran (a day, `errors`, `tests`), writes `runs/gates/<folder>.outcomes.json` with every test's outcome and the gates
+    each test recorded. A test that fails before it records its gate shows up there as failed, so a report built from
+    it (`scripts/report.py`) cannot lose a failure. A folder that ran only in part (some of its files, `file::test`,
+    `-k`, `-m`, `-x`, an interrupt) is not written: the last complete record stays."""
+
+    def __init__(self, out_dir: Path = GATES_DIR, root: Path = REPO_ROOT):
+        self.out_dir, self.root = Path(out_dir), Path(root)
+        self.tests: dict[str, dict] = {}  # nodeid -> {"outcome", "duration", "message", "gates"}
+        self.collected: dict[str, set[str]] = {}  # folder -> nodeids
+        self.files: dict[str, set[str]] = {}  # folder -> test files
+        self.partial: set[str] = set()
+        self.errors: dict[str, list[str]] = {}  # folder -> collection errors
+        self._mark = 0
+
+    def folder(self, nodeid: str) -> str | None:
+        head = nodeid.replace("\\", "/").split("::")[0].split("/")[0]
+        return head if head and (self.root / head).is_dir() else None
+
+    def test_files(self, config, folder: str) -> set[str]:
+        """The files pytest would collect in `folder` (its python_files, outside its norecursedirs)."""
+        patterns, skip = config.getini("python_files"), config.getini("norecursedirs")
+        found = set()
+        for path in (self.root / folder).rglob("*.py"):
+            parts = path.relative_to(self.root).parts
+            if not any(fnmatch(d, pattern) for d in parts[1:-1] for pattern in skip) and \
+                    any(fnmatch(path.name, pattern) for pattern in patterns):
+                found.add("/".join(parts))
+        return found
+
+    def pytest_sessionstart(self, session):
+        self.started, self.first = time.time(), len(RECORDED)
+
+    def pytest_deselected(self, items):
+        self.partial |= {f for item in items if (f := self.folder(item.nodeid))}
+
+    def pytest_collectreport(self, report):
+        if report.failed and (f := self.folder(report.nodeid)):
+            self.errors.setdefault(f, []).append(f"{report.nodeid}: {str(report.longrepr).strip().splitlines()[-1]}")
+
+    def pytest_collection_finish(self, session):
+        for arg in session.config.args:  # `file::test` runs part of a folder
+            path, sep, _ = arg.partition("::")
+            path = (session.config.invocation_params.dir / path).resolve()
+            if sep and path.is_relative_to(self.root) and (f := self.folder(path.relative_to(self.root).as_posix())):
+                self.partial.add(f)
+        for item in session.items:
+            if f := self.folder(item.nodeid):
+                self.collected.setdefault(f, set()).add(item.nodeid)
+                self.files.setdefault(f, set()).add(item.nodeid.split("::")[0])
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self._mark = len(RECORDED)
+
+    def pytest_runtest_logreport(self, report):
+        test = self.tests.setdefault(report.nodeid, {"outcome": "passed", "duration": 0.0, "message": "",
+                                                     "gates": []})
+        test["duration"] += report.duration
+        if report.failed and test["outcome"] != "failed":
+            test["outcome"] = "failed"
+            crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "")
+            lines = [line for line in str(report.longrepr).strip().splitlines() if line.strip()]
+            test["message"] = f"{report.when}: {(crash or (lines[-1] if lines else 'failed')).splitlines()[0]}"
+        elif report.skipped and test["outcome"] == "passed":
+            test["outcome"] = "skipped"
+            test["message"] = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        if nodeid in self.tests:
+            self.tests[nodeid]["gates"] += [r.name for r in RECORDED[self._mark:]]
+        for r in RECORDED[self._mark:]:
+            r.test = nodeid  # type: ignore[attr-defined]
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        from importlib.metadata import version
+
+        for folder in self.collected.keys() | self.errors.keys():
+            nodeids = self.collected.get(folder, set())
+            if folder in self.partial or not nodeids <= self.tests.keys() or (
+                    folder not in self.errors and self.files.get(folder) != self.test_files(session.config, folder)):
+                continue
+            record = {"folder": folder, "started": self.started, "finished": time.time(), "torch": version("torch"),
+                      "files": sorted(self.files.get(folder, ())), "collect_errors": self.errors.get(folder, []),
+                      "tests": {n: self.tests[n] for n in sorted(nodeids)},
+                      "gates": [{**asdict(r), "test": getattr(r, "test", None)}
+                                for r in RECORDED[self.first:] if r.day == folder]}
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            path = self.out_dir / f"{folder}.outcomes.json"
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(record, indent=1, default=_jsonable) + "\n")
+            os.replace(tmp, path)

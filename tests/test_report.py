@@ -1,0 +1,191 @@
+"""The one-command report and the README figures: every figure a README shows is what the committed results files
+say, a failing test is a FAIL row even when it never reached its gate, and recorded gates are reused only while the
+code they ran is unchanged."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import figures  # noqa: E402
+import report  # noqa: E402
+
+
+def test_every_generated_readme_block_is_what_the_results_files_say():
+    """After `scripts/refresh_results.py`, `python scripts/report.py --readme` brings the READMEs in line."""
+    assert figures.stale() == [], "run `python scripts/report.py --readme`, then commit the READMEs"
+
+
+def test_the_readme_tables_are_generated_blocks():
+    text = (ROOT / "README.md").read_text()
+    for name in ("days", "results", "memcalc"):
+        assert f"<!-- generated: {name} -->" in text, name
+    assert "<!-- include: day10_bigbatch_ckpt/results/memory_table_12gb.md -->" in text
+
+
+def test_a_hand_edited_figure_is_found():
+    readme = ROOT / "README.md"
+    edited = readme.read_text().replace("| 4 | [`day04_mlp_mnist`]", "| 4 | [`day04_mlp_mnist`] (99.99%)", 1)
+    assert edited != readme.read_text()
+    assert figures.render(edited, readme) != edited
+
+
+@pytest.mark.parametrize("template, value", [
+    ("{d3/summary.json:steps}", "500"),
+    ("{d2/summary.json:hand_vs_autograd.*.max_abs_diff|zeros}", "5"),
+    ("{d6/summary.json:chains.*.kill_at|each:len|join: + }", "2 + 3"),
+    ("{d10/summary.json:budget_bytes|/1048576|.0f} MiB", "32 MiB"),
+])
+def test_a_template_reads_a_field_and_formats_it(template, value):
+    assert figures.fill(template) == value
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{d3/summary.json:no_such_field}", "d3/summary.json:no_such_field: no 'no_such_field' there"),
+    ("{d3/nothing.json:x}", "day03_linreg/results/nothing.json does not exist"),
+    ("{calc:nothing}", "no calc named 'nothing'"),
+    ("{d3/summary.json:mse|.2q}", "filter '.2q'"),
+])
+def test_a_template_that_cannot_be_filled_names_the_file_and_field(template, message):
+    with pytest.raises(figures.FigureError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        figures.fill(template)
+
+
+def test_a_block_without_its_end_marker_is_an_error(tmp_path):
+    md = tmp_path / "README.md"
+    with pytest.raises(figures.FigureError, match="has no `<!-- end generated -->`"):
+        figures.render("<!-- generated: days -->\ntext\n", md)
+
+
+def test_an_include_takes_a_table_or_a_section_and_keeps_links_working(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.md").write_text(
+        "intro\n\n| a |\n|---|\n| 1 |\n\n## Plot\n\n![p](p.png) and [doc](https://x.org/a)\n\n## Other\n\n| b |\n")
+    md = tmp_path / "README.md"
+    text = ("<!-- include: results/r.md table=1 -->\n<!-- end generated -->\n"
+            "<!-- include: results/r.md section=Plot -->\nold\n<!-- end generated -->")
+    assert figures.render(text, md) == (
+        "<!-- include: results/r.md table=1 -->\n\n| a |\n|---|\n| 1 |\n\n<!-- end generated -->\n"
+        "<!-- include: results/r.md section=Plot -->\n\n![p](results/p.png) and [doc](https://x.org/a)\n\n"
+        "<!-- end generated -->")
+    with pytest.raises(figures.FigureError, match="has 2 tables, asked for table=3"):
+        figures.render("<!-- include: results/r.md table=3 -->\n<!-- end generated -->", md)
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+
+CHECK = '''
+from sprint.gates import Gates
+
+gates = Gates(__file__, out_dir=__import__("pathlib").Path(__file__).parents[1] / "gates")
+
+
+def test_passes():
+    gates.check("accuracy above 98%", 0.985, ">", 0.98)
+
+
+def test_raises_before_its_gate():
+    raise RuntimeError("the data did not load")
+    gates.check("loss below 1", 0.5, "<", 1.0)
+
+
+def test_fails_its_gate():
+    gates.check("speed-up at least 3x", 2.5, ">=", 3)
+'''
+CONFTEST = '''
+from pathlib import Path
+from sprint.gates import OutcomeRecorder
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(OutcomeRecorder(out_dir=Path(__file__).parent / "gates", root=Path(__file__).parent))
+'''
+
+
+def run_pytest(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(root),
+                           *args], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A folder with a passing gate, a test that raises before its gate and a failing gate, run by pytest with the
+    root conftest's recorder; then run again with `-k` (a partial run)."""
+    root = tmp_path_factory.mktemp("repo")
+    (root / "day99_example").mkdir()
+    (root / "day99_example" / "check.py").write_text(CHECK)
+    (root / "conftest.py").write_text(CONFTEST)
+    (root / "pytest.ini").write_text("[pytest]\npython_files = check.py test_*.py\n")
+    first = run_pytest(root, "day99_example")
+    path = root / "gates" / "day99_example.outcomes.json"
+    record = json.loads(path.read_text())
+    partial = run_pytest(root, "day99_example", "-k", "passes")
+    (root / "day99_example" / "test_more.py").write_text("def test_more():\n    pass\n")
+    one_file = run_pytest(root, "day99_example/check.py")  # a second test file of the folder did not run
+    return first, record, partial, json.loads(path.read_text()), one_file
+
+
+def test_the_recorder_keeps_every_outcome_and_the_gates_each_test_recorded(recorded):
+    first, record, *_ = recorded
+    assert first.returncode == 1, first.stdout
+    tests = record["tests"]
+    assert {n.split("::")[1]: t["outcome"] for n, t in tests.items()} == {
+        "test_passes": "passed", "test_raises_before_its_gate": "failed", "test_fails_its_gate": "failed"}
+    assert "RuntimeError: the data did not load" in tests["day99_example/check.py::test_raises_before_its_gate"][
+        "message"]
+    assert [(g["name"], g["passed"], g["test"].split("::")[1]) for g in record["gates"]] == [
+        ("accuracy above 98%", True, "test_passes"), ("speed-up at least 3x", False, "test_fails_its_gate")]
+
+
+def test_a_test_that_fails_before_its_gate_is_a_fail_row_in_the_report(recorded):
+    rows, counts = report.gate_rows({"day99_example": recorded[1]})
+    assert counts == {"PASS": 1, "FAIL": 2, "SKIP": 0}
+    assert [r for r in rows if "test_raises_before_its_gate" in r and "**FAIL**" in r]
+    assert [r for r in rows if "speed-up at least 3x" in r and "**FAIL**" in r]
+    assert not [r for r in rows if "test_fails_its_gate" in r], "a failed gate is its own row, not a second one"
+
+
+def test_a_partial_run_keeps_the_last_complete_record(recorded):
+    _, record, partial, after, one_file = recorded
+    assert "1 passed, 2 deselected" in partial.stdout
+    assert "2 failed, 1 passed" in one_file.stdout
+    assert after == record
+
+
+def test_recorded_gates_are_reused_only_while_no_source_changed(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "GATES_DIR", tmp_path)
+    folder = "day03_linreg"
+    record = {"torch": report.version("torch"), "files": report.test_files(folder), "started": time.time() + 3600}
+    (tmp_path / f"{folder}.outcomes.json").write_text(json.dumps(record))
+    assert report.stale_reason(folder) is None
+    newest = max(report.sources(folder), key=lambda p: p.stat().st_mtime)
+    (tmp_path / f"{folder}.outcomes.json").write_text(json.dumps({**record, "started": newest.stat().st_mtime - 1}))
+    assert report.stale_reason(folder) == f"{newest.relative_to(ROOT)} changed after the last run"
+    (tmp_path / f"{folder}.outcomes.json").write_text(json.dumps({**record, "files": ["day03_linreg/old.py"]}))
+    assert report.stale_reason(folder) == "its test files changed"
+
+
+def test_a_day_depends_on_the_days_it_imports():
+    assert report.day_imports("day07_amp_accum") == {"day04_mlp_mnist", "day06_ckpt_resume"}
+    sources = {p.relative_to(ROOT).parts[0] for p in report.sources("day07_amp_accum")}
+    assert {"day07_amp_accum", "day06_ckpt_resume", "day04_mlp_mnist", "sprint"} <= sources
+    assert "day09_cnn" not in sources
+
+
+def test_the_interview_cites_tests_by_node_id():
+    cited = report.cited_tests(textwrap.dedent("""
+        ## Q1. A question?
+        - `day07_amp_accum/check.py::test_a[x]` and `tests/test_repo.py::test_b`
+        ## Q2. Another?
+        - `day07_amp_accum/check.py::test_a[x]`
+        """))
+    assert cited == {"Q1": ["day07_amp_accum/check.py::test_a[x]", "tests/test_repo.py::test_b"],
+                     "Q2": ["day07_amp_accum/check.py::test_a[x]"]}
