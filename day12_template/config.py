@@ -285,13 +285,17 @@ def check_out_dir(cfg: Config) -> None:
         raise ConfigError(f"run.out_dir {cfg.run.out_dir}: {existing} is not a writable folder")
 
 
-def argument_parser(doc: str) -> argparse.ArgumentParser:
-    """A parser with --config and --set; `doc`, the script's docstring: line 1 describes it, the rest is the epilog."""
+def argument_parser(doc: str, inspect: bool = False) -> argparse.ArgumentParser:
+    """A parser with --config and --set (and, if `inspect`, --print-config and --help-config); `doc`, the script's
+    docstring: line 1 describes it, the rest is the epilog."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0], epilog="\n".join(doc.splitlines()[2:]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="a TOML file (see configs/); fields left out keep their defaults")
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="override fields: --set optim.lr=1e-3 train.amp=true data.dataset=synthetic")
+    if inspect:
+        parser.add_argument("--print-config", action="store_true", help="print the effective config as TOML and exit")
+        parser.add_argument("--help-config", action="store_true", help="list every field with its default and reason")
     return parser
 
 

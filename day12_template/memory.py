@@ -23,8 +23,6 @@ import torch.nn.functional as F
 import config
 import models
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class SavedBytes:
     """Bytes autograd saves for backward while open: each storage once, the tensors of `skip` left out."""
@@ -61,8 +59,7 @@ def activations(cfg: config.Config, info, batch: int) -> tuple[int, int]:
     model = models.build(cfg.model, info)
     x = torch.randn(batch, info.channels, info.size, info.size)
     y = torch.randint(0, info.num_classes, (batch,))
-    with SavedBytes(model, x, y) as counter, torch.autocast("cpu", DTYPES[cfg.train.amp_dtype],
-                                                             enabled=cfg.train.amp):
+    with SavedBytes(model, x, y) as counter, models.autocast(cfg.train, "cpu")():
         F.cross_entropy(model(x), y)
     return sum(counter.storages.values()), max(counter.storages.values())
 
@@ -101,7 +98,7 @@ def cpu_step_peak(cfg: config.Config, info) -> int:
     y = torch.randint(0, info.num_classes, (micro,))
 
     def step():
-        with torch.autocast("cpu", DTYPES[cfg.train.amp_dtype], enabled=cfg.train.amp):
+        with models.autocast(cfg.train, "cpu")():
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))

@@ -95,5 +95,11 @@ def build(cfg, info) -> nn.Module:
     return model
 
 
+def autocast(train, device_type: str):
+    """A factory of autocast contexts for `train.amp` / `train.amp_dtype` (a no-op context when amp is off)."""
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[train.amp_dtype]
+    return lambda: torch.autocast(device_type, dtype=dtype, enabled=train.amp)
+
+
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -107,9 +107,8 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
     resume, ckpt = checkpoint.resume_source(cfg)
     seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.model.compile)
     splits = faults.break_data(data.build(cfg.data, cfg.run.seed))  # no-op unless a drill breaks the data
-    model = models.build(cfg.model, splits.info).to(device)
-    if cfg.model.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    layout = torch.channels_last if cfg.model.channels_last else torch.preserve_format  # NHWC for conv Tensor Cores
+    model = models.build(cfg.model, splits.info).to(device, memory_format=layout)
     if cfg.checkpoint.init_from and not ckpt:
         checkpoint.load_weights(model, cfg.checkpoint.init_from)
     if d.enabled:
@@ -129,8 +128,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = warmup_cosine(optimizer, tc.epochs * sampler.steps_per_epoch, cfg.optim)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.amp and tc.amp_dtype == "float16")  # fp16 only
-    dtype = torch.bfloat16 if tc.amp_dtype == "bfloat16" else torch.float16
-    autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=tc.amp)  # noqa: E731
+    autocast = models.autocast(tc, device.type)
     st = {"step": 0, "best": {"step": None, "val_loss": math.inf}, "bad_evals": 0, "window": [0.0, 0]}
     if ckpt:
         distributed.load_model_state(model, ckpt["model"], d)
@@ -271,10 +269,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
 
 
 def main(argv=None) -> int:
-    parser = config.argument_parser(__doc__)
-    parser.add_argument("--print-config", action="store_true", help="print the effective config as TOML and exit")
-    parser.add_argument("--help-config", action="store_true", help="list every field with its default and reason")
-    args = parser.parse_args(argv)
+    args = config.argument_parser(__doc__, inspect=True).parse_args(argv)
     if args.help_config:
         print(config.describe())
         return 0

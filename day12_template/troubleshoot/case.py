@@ -25,8 +25,7 @@ class Case:
         self.splits = faults.break_data(data.build(cfg.data, cfg.run.seed))
         self.weights = weights_of(cfg)
         self.micro = min(cfg.train.batch_size // cfg.train.grad_accum, len(self.splits.train))
-        dtype = torch.bfloat16 if cfg.train.amp_dtype == "bfloat16" else torch.float16
-        self.autocast = lambda: torch.autocast(self.device.type, dtype=dtype, enabled=cfg.train.amp)
+        self.autocast = models.autocast(cfg.train, self.device.type)
         # A fault naming a missing module, or a checkpoint that does not fit, fails here; and the first optimizer
         # pays torch's one-time imports here, not inside the first check.
         self.optimizer(self.model())
