@@ -207,7 +207,7 @@ def test_main_writes_report(tmp_path, capsys):
     assert "chain step" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--n", "1"], ["--n", "two"], ["--seed", "0.5"], ["--bogus"]])
+@pytest.mark.parametrize("argv", [["--n", "1"], ["--n", "100000"], ["--n", "two"], ["--seed", "0.5"], ["--bogus"]])
 def test_a_bad_flag_exits_2_with_one_line_and_creates_nothing(argv, tmp_path):
     gates.refuses(day.main, argv, tmp_path / "out")
 
