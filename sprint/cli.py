@@ -131,11 +131,19 @@ def parse(cls, argv, doc: str, out: Path | None = None):
 
 
 def run(main, argv=None) -> None:
-    """Script entry point: `main(argv)`; a UserError prints `error: <message>` and exits 1, Ctrl-C exits 130."""
+    """Script entry point: `main(argv)`; a UserError or running out of memory prints `error: <message>` and exits 1,
+    Ctrl-C exits 130."""
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except (MemoryError, RuntimeError) as exc:  # torch's CPU allocator and CUDA's OutOfMemoryError are RuntimeErrors
+        first_line = (str(exc) or type(exc).__name__).splitlines()[0]
+        if not isinstance(exc, MemoryError) and not any(s in first_line for s in ("out of memory", "allocate memory")):
+            raise
+        print(f"error: out of memory ({first_line}); try smaller sizes (batch, model, --n) or fewer workers",
+              file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -87,6 +87,24 @@ def test_an_expected_failure_is_one_line_and_exit_1(capsys):
     assert capsys.readouterr().err == "error: data/mnist is missing: run `git checkout -- data/mnist`\n"
 
 
+def test_running_out_of_memory_is_one_line_and_exit_1(capsys):
+    def main(argv):
+        torch.empty(2**62, dtype=torch.uint8)  # 4 EiB: torch's CPU allocator refuses with a RuntimeError
+
+    with pytest.raises(SystemExit) as exc:
+        run(main, [])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and err.count("\n") == 1 and err.startswith("error: out of memory (")
+
+
+def test_other_runtime_errors_keep_their_traceback():
+    def main(argv):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        run(main, [])
+
+
 def test_runs_dir_is_under_the_git_ignored_runs_folder():
     assert runs_dir(str(REPO_ROOT / "day04_mlp_mnist" / "main.py"), "x") == REPO_ROOT / "runs" / "day04_mlp_mnist" / "x"
     ignored = subprocess.run(["git", "check-ignore", "-q", "runs/day04_mlp_mnist/x"], cwd=REPO_ROOT)
