@@ -33,6 +33,7 @@ import checkpoint  # noqa: E402
 import config  # noqa: E402
 import main as demo  # noqa: E402
 import data  # noqa: E402
+import distributed  # noqa: E402
 import doctor  # noqa: E402
 import faults  # noqa: E402
 import memory  # noqa: E402
@@ -642,6 +643,7 @@ def test_memory_estimate_within_15_percent_of_the_cpu_step_peak(batch):
 # --- torchrun: DDP and FSDP2 (two launches cover every distributed gate) ---------------------------------------------
 DIST = {**TINY, "train.batch_size": 64, "train.epochs": 2, "data.synthetic_size": 1024}  # 16 steps an epoch
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+BN_DIST = {**DIST, "model.name": "resnet", "model.widths": [4, 8], "train.epochs": 1, "train.max_steps": 6}
 
 
 def torchrun(plan: list, tmp: Path, name: str, kill_when=None):
@@ -653,11 +655,12 @@ def torchrun(plan: list, tmp: Path, name: str, kill_when=None):
 @pytest.fixture(scope="module")
 def dist_runs(tmp_path_factory):
     """Launch 1: E (DDP, no dropout, grad_accum=2), A (DDP), F (FSDP, stopped by max_steps), S (DDP, SIGTERM to
-    torchrun at a random step). Launch 2: S resumed under DDP, F and G (a single-process run) resumed under FSDP.
+    torchrun at a random step). Launch 2: S resumed under DDP, F and G (a single-process run) resumed under FSDP,
+    B (a BatchNorm ResNet under DDP).
     Meanwhile, in this process: E's single-process twin with the same global batch, G, and S's and F's checkpoints
     resumed in a single process."""
     tmp, rng = tmp_path_factory.mktemp("dist"), random.Random()
-    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G")}
+    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G", "B")}
     audit = tmp / "audit"
     audit.mkdir()
     e_vals = {**DIST, "model.dropout": 0.0}
@@ -683,7 +686,8 @@ def dist_runs(tmp_path_factory):
              {"set": sets({**DIST, "train.strategy": "fsdp", "checkpoint.resume": "auto",
                            "run.out_dir": str(dirs["F"])})},
              {"set": sets({**DIST, "train.strategy": "fsdp", "checkpoint.resume": "auto",
-                           "run.out_dir": str(dirs["G"])})}]
+                           "run.out_dir": str(dirs["G"])})},
+             {"set": sets({**BN_DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["B"])})}]
     launcher = threading.Thread(target=lambda: result.__setitem__(2, torchrun(plan2, tmp, "launch2")))
     launcher.start()
     stopped = checkpoint.load(dirs["S1"] / "last.pt")
@@ -744,6 +748,20 @@ def test_a_ddp_checkpoint_loads_into_one_process_and_finishes(dist_runs):
     ref = checkpoint.load(d["A"] / "last.pt")["best"]["val_loss"]
     gates.check("single-process resume: |final val loss / uninterrupted DDP's - 1|",
                 abs(single["best_val_loss"] / ref - 1), "<=", 0.05)
+
+
+def test_ddp_validation_figures_are_those_of_the_saved_batchnorm_model(dist_runs):
+    run_dir = dist_runs["dirs"]["B"]
+    cfg = cfg_of(BN_DIST, run_dir)
+    splits = data.build(cfg.data, cfg.run.seed)
+    model = models.build(cfg.model, splits.info)
+    best = checkpoint.load(run_dir / "best.pt")
+    model.load_state_dict(best["model"])  # rank 0's running statistics
+    loader, weights = data.eval_loaders(splits, 64, 0, 1, 0, False)["val"]
+    loss, _ = train.evaluate(model, loader, weights, torch.device("cpu"), models.autocast(cfg.train, "cpu"),
+                             distributed.Dist())
+    gates.check("ResNet (BatchNorm) under DDP: |best.pt's val loss in one process / the logged one - 1|",
+                abs(loss / best["best"]["val_loss"] - 1), "<=", 1e-6)
 
 
 def test_fsdp_trains_like_ddp_and_its_checkpoint_is_plain(dist_runs):

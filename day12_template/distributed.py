@@ -111,6 +111,14 @@ def wrap(model: nn.Module, strategy: str, d: Dist) -> nn.Module:
     return ddp
 
 
+def sync_buffers(model: nn.Module, d: Dist) -> None:
+    """Rank 0's buffers (BatchNorm running statistics) on every rank. Each rank's last forward updated its own copy;
+    rank 0's is the one a checkpoint saves, so evaluating with it makes the logged figures those of best.pt."""
+    if d.enabled:
+        for buffer in model.buffers():
+            dist.broadcast(buffer.data, src=0)
+
+
 def grad_sync(module: nn.Module, enabled: bool):
     """Context for one micro-batch's backward: skip the gradient all-reduce unless `enabled` (the last micro-batch
     of an optimizer step). DDP: `no_sync()`; FSDP2: `set_requires_gradient_sync`."""

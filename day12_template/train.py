@@ -71,6 +71,7 @@ def warmup_cosine(optimizer, total_steps: int, cfg: config.Optim):
 @torch.no_grad()
 def evaluate(model, loader, weights, device, autocast, d) -> tuple[float, float]:
     """Mean loss and accuracy over every rank's share, in eval mode (dropout off, BatchNorm's running statistics)."""
+    distributed.sync_buffers(model, d)
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float32 if device.type == "mps" else torch.float64)
     for (x, y), w in zip(loader, weights):
@@ -93,7 +94,9 @@ def run(cfg: config.Config, faults: Faults | None = None) -> dict:
     stop = StopSignal(repeat_stops=not d.enabled)
     try:
         with contextlib.ExitStack() as closing:  # files and writer threads are closed however the run ends
-            return fit(cfg, d, faults or Faults(), stop, closing)
+            result = fit(cfg, d, faults or Faults(), stop, closing)
+        d.barrier()  # no rank tears the group down while another still communicates (gloo aborts at exit)
+        return result
     finally:
         stop.restore()
         d.close()
