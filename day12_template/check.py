@@ -167,6 +167,13 @@ BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line m
     ("[optimizer]\nlr = 1e-3\n", "did you mean `optim"),
     ("[optim]\nlr = \n", "not valid TOML"),
     ("[train]\nbatch_size = 12.5\n", "train.batch_size"),
+    (["run.seed=-1"], "run.seed must be >= 0 and <= 4294967295"),  # NumPy's seed range, not its traceback
+    (["run.seed=4294967296"], "run.seed must be >= 0 and <= 4294967295"),
+    (["model.hidden=99999999999999999999"], "model.hidden must fit in 64 bits"),  # not a C++ overflow
+    (["model.widths=[16, 99999999999999999999]"], "model.widths[1] must fit in 64 bits"),
+    (["data.num_workers=1000000"], "data.num_workers"),  # a million worker processes: an OOM kill
+    (["run.out_dir=/proc/template/run"], "cannot create /proc/template"),  # os.access says yes to root there
+    (b"\xff\xfe[optim]\n", "is not UTF-8"),
 ]
 
 
@@ -175,8 +182,8 @@ def test_malformed_configs_exit_2_naming_the_field_and_write_nothing(tmp_path, c
     for i, (bad, word) in enumerate(BAD_INPUT):
         out = tmp_path / f"run{i}"
         argv = ["--set", f"run.out_dir={out}"]
-        if isinstance(bad, str):
-            (tmp_path / f"bad{i}.toml").write_text(bad)
+        if isinstance(bad, (str, bytes)):
+            (tmp_path / f"bad{i}.toml").write_bytes(bad if isinstance(bad, bytes) else bad.encode())
             argv = ["--config", str(tmp_path / f"bad{i}.toml"), *argv]
         else:
             argv += bad
@@ -203,6 +210,37 @@ def test_missing_data_is_one_clear_line_exit_1_and_no_run_folder(tmp_path, capsy
     gates.check("exit code when the data is missing", code, "==", 1)
     gates.check("missing data: one line naming the folder, no run folder",
                 len(err.strip().splitlines()) == 1 and str(tmp_path / "none") in err and not out.exists(), "==", True)
+
+
+def test_out_dir_probe_creates_the_missing_folder_and_leaves_nothing_behind(tmp_path):
+    config.check_out_dir(cfg_of({}, tmp_path / "a" / "b"))
+    gates.check("run.out_dir check: files left in a fresh folder", list(tmp_path.iterdir()), "==", [])
+
+
+@pytest.mark.parametrize("script, flag", [("train.py", "--help-config"), ("doctor.py", "--checklists")])
+def test_output_into_a_closed_pipe_ends_quietly(script, flag):
+    read, write = os.pipe()
+    os.close(read)  # `| head -1` that has already gone
+    proc = subprocess.run([sys.executable, str(HERE / script), flag], stdout=write, stderr=subprocess.PIPE,
+                          text=True, timeout=120, env=child_env())
+    os.close(write)
+    assert proc.returncode in (0, 141) and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def test_demo_and_memory_report_missing_data_in_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    def no_files(name, root):
+        raise data.DataError(f"{name} not found (looked in {root})")
+
+    monkeypatch.setattr(data, "find_idx", no_files)  # as in a copy outside the repo with no network
+    root = str(tmp_path / "mnist")
+    for run_it in (lambda: demo.main(["--quick", "--data-root", root, "--runs", str(tmp_path / "runs")]),
+                   lambda: memory.main(["--config", str(HERE / "configs/mnist_mlp.toml"), "--set",
+                                        f"data.root={root}"])):
+        with pytest.raises(SystemExit) as exit_:
+            run_it()
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 1 and err.startswith("error:") and root in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_resume_with_a_changed_config_is_refused_listing_the_fields(tmp_path, capsys):

@@ -12,6 +12,7 @@ import math
 import operator
 import os
 import re
+import sys
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from pathlib import Path
 DATASETS = ("mnist", "fashion_mnist", "synthetic", "imagefolder")
 MODELS = ("mlp", "resnet")  # models.BUILDERS holds one function per name
 BOUNDS = (("gt", operator.gt, ">"), ("ge", operator.ge, ">="), ("lt", operator.lt, "<"), ("le", operator.le, "<="))
+INT64 = (-2**63, 2**63 - 1)  # every integer field: what torch and NumPy can hold (no C++ overflow further down)
 
 
 class ConfigError(ValueError):
@@ -34,7 +36,8 @@ def opt(default, why: str, *, gt=None, ge=None, lt=None, le=None, choices=None, 
 
 @dataclass
 class Run:
-    seed: int = opt(0, "one seed for init, data order and dropout: same seed + same config = the same run")
+    seed: int = opt(0, "one seed for init, data order and dropout: same seed + same config = the same run", ge=0,
+                    le=2**32 - 1)  # NumPy's seed range
     out_dir: str = opt("runs/template", "run folder for config, metrics, TensorBoard and checkpoints (relative to "
                        "the current folder)", safe=True)
     device: str = opt("auto", "auto = cuda -> mps -> cpu; or cpu, cuda, cuda:N, mps (torchrun: cuda:LOCAL_RANK)",
@@ -56,7 +59,7 @@ class Data:
     augment: bool = opt(False, "imagefolder: random resized crops, seeded per (epoch, sample) so resume stays exact")
     synthetic_size: int = opt(8192, "synthetic: generated training images (class prototypes + noise)", gt=0)
     num_workers: int = opt(0, "DataLoader worker processes: in-memory datasets need none, image files want 2-8",
-                           ge=0, safe=True)
+                           ge=0, le=256, safe=True)  # each one is a process: a million of them is an OOM kill
     pin_memory: bool = opt(True, "page-locked host batches for asynchronous copies to CUDA (ignored elsewhere)",
                            safe=True)
 
@@ -184,6 +187,8 @@ def coerce(key: str, value, hint):
           isinstance(value, str))
     if not ok:
         raise ConfigError(f"{key} must be {_typename(hint)}, got {value!r}")
+    if hint is int and not INT64[0] <= value <= INT64[1]:
+        raise ConfigError(f"{key} must fit in 64 bits ({INT64[0]} to {INT64[1]}), got {value!r}")
     if hint is float:
         value = float(value)
         if not math.isfinite(value):
@@ -195,7 +200,8 @@ def check_bounds(key: str, value, meta) -> None:
     for x in value if isinstance(value, tuple) else (value,):
         for name, test, word in BOUNDS:
             if meta[name] is not None and not test(x, meta[name]):
-                raise ConfigError(f"{key} must be {word} {meta[name]}, got {value!r}")
+                allowed = " and ".join(f"{w} {meta[n]}" for n, _, w in BOUNDS if meta[n] is not None)
+                raise ConfigError(f"{key} must be {allowed}, got {value!r}")
         if meta["choices"] and x not in meta["choices"]:
             choices = " | ".join(map(str, meta["choices"]))
             raise ConfigError(f"{key} must be one of {choices}; got {x!r}{nearest(str(x), map(str, meta['choices']))}")
@@ -277,12 +283,23 @@ def check_combinations(cfg: Config, world_size: int | None = None) -> None:
 
 
 def check_out_dir(cfg: Config) -> None:
-    """run.out_dir must be creatable: its nearest existing ancestor is a writable folder. Creates nothing."""
+    """run.out_dir must be creatable: its nearest existing ancestor is a writable folder, and (on rank 0, the one
+    that writes) the first missing folder can really be made: os.access trusts root and knows nothing of /proc or
+    /sys. The probe folder is removed at once, so nothing is left behind."""
     existing = Path(cfg.run.out_dir).resolve()
     while not existing.exists():
-        existing = existing.parent
+        missing, existing = existing, existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"run.out_dir {cfg.run.out_dir}: {existing} is not a writable folder")
+    if existing != Path(cfg.run.out_dir).resolve() and int(os.environ.get("RANK", "0")) == 0:
+        try:
+            missing.mkdir()
+        except FileExistsError:
+            return  # made meanwhile by someone else: it exists, that is all the run needs
+        except OSError as exc:
+            raise ConfigError(f"run.out_dir {cfg.run.out_dir}: cannot create {missing}: "
+                              f"{exc.strerror or exc}") from None
+        missing.rmdir()
 
 
 def argument_parser(doc: str, inspect: bool = False) -> argparse.ArgumentParser:
@@ -299,14 +316,28 @@ def argument_parser(doc: str, inspect: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
+def exit_with(main) -> None:
+    """sys.exit(main()) for the entry points; quietly (141, as for SIGPIPE) when stdout's reader has gone: `| head`."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail again
+        code = 141
+    sys.exit(code)
+
+
 def load(path: str | None, overrides: list[str]) -> Config:
     """The config file (TOML) with the `--set` overrides applied, checked."""
     values = {}
     if path:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")  # TOML files are UTF-8, whatever the locale says
         except OSError as exc:
             raise ConfigError(f"--config {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--config {path} is not UTF-8 text (TOML must be): byte {exc.object[exc.start]:#04x} "
+                              f"at offset {exc.start}") from None
         try:
             values = flatten(tomllib.loads(text))
         except tomllib.TOMLDecodeError as exc:

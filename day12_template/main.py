@@ -9,6 +9,7 @@ Run:    python day12_template/main.py                 (~2 min on a 2-core CPU; r
         python day12_template/main.py --quick         (every config capped at 20 steps: seconds each; no doctor)
         python day12_template/main.py --out day12_template/results      (refresh the committed summary)
         python day12_template/main.py --make-digits runs/digits         (only write an example image folder)
+        python main.py --quick --data-root ~/mnist    (a copy outside the repo: where MNIST's four *-ubyte.gz are)
 Gates:  python day12_template/check.py
 """
 import argparse
@@ -52,11 +53,14 @@ def make_digits(root: Path, per_class: dict | None = None, mnist_root: str = "")
     return root
 
 
-def run_config(name: str, runs: Path, max_steps: int, digits: Path) -> dict:
+def run_config(name: str, runs: Path, max_steps: int, digits: Path, mnist_root: str = "") -> dict:
     """Train one shipped config (capped unless it is a FULL one); a missing dataset becomes a note, not a crash."""
-    overrides = [f"run.out_dir={runs / name}", f"data.root={digits}" if name == "imagefolder" else None,
-                 f"train.max_steps={max_steps}" if max_steps else None]
-    cfg = config.load(str(HERE / "configs" / f"{name}.toml"), [o for o in overrides if o])
+    path = str(HERE / "configs" / f"{name}.toml")
+    overrides = [o for o in (f"run.out_dir={runs / name}", f"data.root={digits}" if name == "imagefolder" else None,
+                             f"train.max_steps={max_steps}" if max_steps else None) if o]
+    cfg = config.load(path, overrides)
+    if mnist_root and cfg.data.dataset == "mnist":  # --data-root
+        cfg = config.load(path, overrides + [f"data.root={mnist_root}"])
     shutil.rmtree(runs / name, ignore_errors=True)
     row = {"config": name, "dataset": cfg.data.dataset, "model": cfg.model.name, "capped_at": max_steps or None}
     t0 = time.perf_counter()
@@ -112,19 +116,26 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--max-steps", type=int, default=150, help="cap for the configs not trained to the end")
     parser.add_argument("--quick", action="store_true", help="cap every config at 20 steps")
     parser.add_argument("--make-digits", type=Path, metavar="DIR", help="only write an example image folder")
+    parser.add_argument("--data-root", default="", metavar="DIR", help="folder holding MNIST's four *-ubyte[.gz] "
+                        "files (or torchvision's MNIST/raw): data.root of the mnist configs and the digits' source "
+                        "(default: the repo's bundle, the system copy, a download)")
     args = parser.parse_args(argv)
     if args.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {args.max_steps}")
+    try:
+        digits = make_digits(args.make_digits or args.runs / "digits", mnist_root=args.data_root)
+    except data.DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
     if args.make_digits:
-        print(f"wrote {make_digits(args.make_digits)}/{{train,test}}/<digit>/*.png")
+        print(f"wrote {digits}/{{train,test}}/<digit>/*.png")
         return []
     out = args.out or args.runs
-    digits = make_digits(args.runs / "digits")
     rows = []
     for name in CONFIGS:
         cap = 20 if args.quick else (0 if name in FULL else args.max_steps)
         print(f"\n== {name}" + (f" (capped at {cap} steps)" if cap else ""), flush=True)
-        rows.append(run_config(name, args.runs, cap, digits))
+        rows.append(run_config(name, args.runs, cap, digits, args.data_root))
     text = table(rows)
     machine = train.runlog.cpu_name() if not torch.cuda.is_available() else torch.cuda.get_device_name()
     note = (f"\nMeasured by `python day12_template/main.py{' --quick' if args.quick else ''}` on {machine}, torch "

@@ -15,6 +15,7 @@ allocator rounding and fragmentation. With activation checkpointing only what is
 """
 import argparse
 import json
+import sys
 import tempfile
 
 import torch
@@ -143,8 +144,9 @@ def main(argv=None) -> None:
     try:
         cfg = config.load(args.config, args.set)
         info = data.build(cfg.data, cfg.run.seed).info
-    except (config.ConfigError, data.DataError) as exc:
-        parser.error(str(exc))
+    except (config.ConfigError, data.DataError) as exc:  # one line, the exit codes of train.py
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2 if isinstance(exc, config.ConfigError) else 1)
     e = estimate(cfg, info, args.device)
     print(f"{cfg.model.name}: {e['params']:,} parameters, micro-batch {e['micro_batch']}")
     for key in ("weights", "optimizer", "batch", "resting", "activations", "backward", "optimizer_step",

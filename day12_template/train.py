@@ -299,4 +299,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    config.exit_with(main)
