@@ -227,6 +227,15 @@ def test_output_into_a_closed_pipe_ends_quietly(script, flag):
     assert proc.returncode in (0, 141) and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
 
 
+def test_running_out_of_memory_is_one_line_exit_1_and_no_run_folder(tmp_path):
+    proc = subprocess.run([sys.executable, str(HERE / "train.py"), "--config", str(HERE / "configs/synthetic_smoke.toml"),
+                           "--set", "model.hidden=1000000000000", f"run.out_dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, timeout=120, env=child_env())
+    gates.check("a model too big for memory (hidden 1e12): exit code, error lines, traceback, run folder",
+                [proc.returncode, proc.stderr.count("error: out of memory"), "Traceback" in proc.stderr,
+                 (tmp_path / "run").exists()], "==", [1, 1, False, False])
+
+
 def test_demo_and_memory_report_missing_data_in_one_line_exit_1(tmp_path, monkeypatch, capsys):
     def no_files(name, root):
         raise data.DataError(f"{name} not found (looked in {root})")

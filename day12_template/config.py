@@ -317,13 +317,22 @@ def argument_parser(doc: str, inspect: bool = False) -> argparse.ArgumentParser:
 
 
 def exit_with(main) -> None:
-    """sys.exit(main()) for the entry points; quietly (141, as for SIGPIPE) when stdout's reader has gone: `| head`."""
+    """sys.exit(main()) for the entry points; quietly (141, as for SIGPIPE) when stdout's reader has gone: `| head`;
+    one line and exit 1 when memory runs out (torch's CPU allocator and CUDA's OutOfMemoryError are RuntimeErrors)."""
     try:
         code = main()
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail again
         code = 141
+    except (MemoryError, RuntimeError) as exc:
+        first_line = (str(exc) or type(exc).__name__).splitlines()[0]
+        if not isinstance(exc, MemoryError) and not any(s in first_line for s in ("out of memory", "allocate memory")):
+            raise
+        rank = os.environ.get("RANK", "0")
+        print(f"error{'' if rank == '0' else f' (rank {rank})'}: out of memory ({first_line}); lower "
+              "train.batch_size (raise train.grad_accum) or the model size", file=sys.stderr)
+        code = 1
     sys.exit(code)
 
 
