@@ -54,6 +54,9 @@ TINY = {"data.dataset": "synthetic", "data.synthetic_size": 512, "data.val_size"
         "model.dropout": 0.1, "optim.lr": 3e-3, "train.epochs": 2, "train.batch_size": 32, "train.log_every": 1,
         "checkpoint.every_steps": 3, "checkpoint.keep_last": 2, "train.progress": "off"}
 STEPS = 2 * 512 // 32
+# TINY overfitting: 64 training images, 4 steps an epoch; the best evaluation comes early, early stopping ends it.
+OVERFIT = {**TINY, "data.subset": 64, "model.hidden": 256, "model.dropout": 0.0, "train.epochs": 30,
+           "train.batch_size": 16, "train.early_stop_patience": 2, "optim.warmup_ratio": 0.0}
 SMALL_MNIST = {"data.subset": 2048, "data.val_size": 1000, "train.epochs": 1, "train.batch_size": 64,
                "train.log_every": 8, "train.progress": "off"}
 
@@ -570,6 +573,42 @@ def test_a_checkpoint_resumes_into_another_folder(tmp_path):
                 launch_b[-1]["resumed_from"] == str((tmp_path / "a" / "last.pt").resolve()), "==", True)
 
 
+def test_a_finished_run_resumed_into_another_folder_tests_its_best_checkpoint(tmp_path):
+    first = train.run(cfg_of(TINY, tmp_path / "a"))
+    result = train.run(cfg_of({**TINY, "checkpoint.resume": str(tmp_path / "a" / "last.pt")}, tmp_path / "b"))
+    gates.check("finished run resumed into another folder: best.pt there holds the recorded best step",
+                checkpoint.step_of(tmp_path / "b" / "best.pt"), "==", first["best_step"])
+    gates.check("its test accuracy (best.pt's weights) vs the finished run's", result["test_acc"], "==",
+                first["test_acc"])
+
+
+def test_a_mid_epoch_checkpoint_resumed_into_another_folder_copies_the_best_checkpoint_from_the_old(tmp_path):
+    first = train.run(cfg_of(OVERFIT, tmp_path / "a"))
+    source = min((tmp_path / "a").glob("ckpt-*.pt"))  # mid-epoch, after the best step, whose ckpt file is pruned
+    step = checkpoint.step_of(source)
+    assert step % 4 and checkpoint.load(source)["best"]["step"] == first["best_step"] < step, step  # 4 steps an epoch
+    assert not (tmp_path / "a" / f"ckpt-{first['best_step']:08d}.pt").exists()
+    result = train.run(cfg_of({**OVERFIT, "checkpoint.resume": str(source)}, tmp_path / "b"))
+    gates.check("overfitting run resumed mid-epoch into another folder: ends like the original",
+                (result["stopped_by"], result["step"], result["best_step"]), "==",
+                (first["stopped_by"], first["step"], first["best_step"]))
+    gates.check("its test accuracy (best.pt copied from the old folder) vs the original run's", result["test_acc"],
+                "==", first["test_acc"])
+
+
+def test_a_resume_whose_best_checkpoint_is_gone_says_so_and_tests_the_last_weights(tmp_path, capsys):
+    train.run(cfg_of(OVERFIT, tmp_path / "a"))
+    (tmp_path / "lone").mkdir()
+    source = shutil.copy(min((tmp_path / "a").glob("ckpt-*.pt")), tmp_path / "lone")  # no file holds the best
+    capsys.readouterr()
+    code = train.main(["--set", *sets({**OVERFIT, "checkpoint.resume": str(source),
+                                       "run.out_dir": str(tmp_path / "b")})])
+    out = capsys.readouterr().out
+    gates.check("exit code of a resume whose best checkpoint no file holds", code, "==", 0)
+    gates.check("start-up says the best checkpoint is gone; the test line says which weights it tested",
+                "no file holds the best checkpoint" in out and "test (the last weights, step" in out, "==", True)
+
+
 def test_init_from_accepts_prefixed_keys_of_ddp_and_compiled_models(tmp_path):
     run_dir = tmp_path / "run"
     train.run(cfg_of({**TINY, "train.max_steps": 3}, run_dir))
@@ -601,15 +640,46 @@ def test_nan_at_a_chosen_step_stops_there_names_the_module_and_keeps_the_last_go
                 step)
 
 
+def test_nan_before_any_checkpoint_says_none_was_written_instead_of_naming_last_pt(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TEMPLATE_FAULTS", "nan_step=2,nan_module=head")  # the first checkpoint would be at step 3
+    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "run")})])
+    err = capsys.readouterr().err
+    gates.check("NaN before the first checkpoint: exit 1, 'no checkpoint was written yet', no last.pt named",
+                code == 1 and "no checkpoint was written yet" in err and "last.pt" not in err, "==", True)
+
+
+def test_nan_after_a_checkpoint_advises_init_from_with_a_lower_lr_and_that_run_starts(tmp_path, capsys, monkeypatch):
+    run_dir, last = tmp_path / "run", tmp_path / "run" / "last.pt"
+    monkeypatch.setenv("TEMPLATE_FAULTS", "nan_step=5,nan_module=head")
+    train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir)})])
+    err = capsys.readouterr().err
+    gates.check("NaN message names last.pt and advises checkpoint.init_from with a lower optim.lr",
+                f"checkpoint.init_from={last} optim.lr=" in err, "==", True)
+    monkeypatch.delenv("TEMPLATE_FAULTS")
+    code = train.main(["--set", *sets({**TINY, "checkpoint.init_from": str(last), "optim.lr": 1e-3,
+                                       "train.max_steps": 2, "run.out_dir": str(tmp_path / "lower")})])
+    gates.check("exit code of the advised run (init_from last.pt, lower optim.lr, new run.out_dir)", code, "==", 0)
+
+
 # --- the rest of Days 4-11 in the loop ------------------------------------------------------------------------------
 def test_early_stopping_ends_an_overfitting_run(tmp_path):
-    values = {**TINY, "data.subset": 64, "model.hidden": 256, "model.dropout": 0.0, "train.epochs": 30,
-              "train.batch_size": 16, "train.early_stop_patience": 2, "optim.warmup_ratio": 0.0}
-    result = train.run(cfg_of(values, tmp_path / "run"))
+    result = train.run(cfg_of(OVERFIT, tmp_path / "run"))
     val = [r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "val"]
     gates.check("overfitting run ended by early stopping", result["stopped_by"], "==", "early_stop")
     gates.check("evaluations after the best one", len(val) - 1 - next(i for i, r in enumerate(val)
                                                                      if r["step"] == result["best_step"]), "==", 2)
+
+
+def test_resuming_an_early_stopped_run_trains_nothing_more_like_a_finished_run(tmp_path):
+    first = train.run(cfg_of(OVERFIT, tmp_path / "run"))
+    evals = len([r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "val"])
+    result = train.run(cfg_of({**OVERFIT, "checkpoint.resume": "auto"}, tmp_path / "run"))
+    val = [r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "val"]
+    gates.check("early-stopped run resumed: evaluations added (a finished run's resume adds none)", len(val) - evals,
+                "==", 0)
+    gates.check("its result: same step, still early_stop, best.pt's test accuracy again",
+                (result["step"], result["stopped_by"], result["test_acc"]), "==",
+                (first["step"], "early_stop", first["test_acc"]))
 
 
 def test_profiler_window_writes_a_chrome_trace(tmp_path):

@@ -5,10 +5,12 @@ validation loss); the two names are hard links to step files, so naming costs no
 write `ckpt-N.pt` atomically -> link `best.pt` (if N is the best) -> link `last.pt` -> prune old files. A kill
 anywhere leaves `last.pt` complete; `best.pt` can at worst be *ahead* of `last.pt` (a resume replays the same steps
 and re-links it). Every checkpoint also records which step is the best, and `repair_best` re-links `best.pt` from
-that record on resume, so even a folder left inconsistent by other code heals.
+that record on resume, so even a folder left inconsistent by other code heals. A resume into another folder copies
+the best checkpoint from the folder it resumes from; if no file holds it any more, the final test uses the last weights.
 """
 import os
 import random
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -90,6 +92,20 @@ def link(src: Path, dst: Path) -> None:
         raise CheckpointError(f"could not point {dst.name} at {src.name} ({_reason(exc)})") from None
 
 
+def copy(src: Path, dst: Path) -> None:
+    """Copy `src` (another folder's checkpoint) to `dst` like `atomic_save`: `<dst>.tmp`, fsync, os.replace."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"could not copy {src} to {dst} ({_reason(exc)}); is the disk full?") from None
+
+
 def save(payload: dict, run_dir: Path, keep_last: int, is_best: bool, between_links=None) -> Path:
     """Write ckpt-<step>.pt, link best.pt (first) and last.pt to it, delete all but the newest `keep_last`."""
     path = run_dir / f"ckpt-{payload['step']:08d}.pt"
@@ -144,18 +160,44 @@ def step_of(path: Path) -> int | None:
         return None
 
 
-def repair_best(run_dir: Path, last: dict) -> str | None:
-    """Make best.pt the checkpoint that `last` records as best; returns what was done (None: nothing to do)."""
+def holding(step: int, run_dir: Path, source: Path | None = None) -> Path | None:
+    """The first file holding `step`: this folder's best.pt or ckpt-<step>.pt, else (resumed from another folder)
+    the checkpoint resumed from, or its folder's best.pt or ckpt-<step>.pt. None: no file holds it any more."""
+    names = ("best.pt", f"ckpt-{step:08d}.pt")
+    places = [run_dir / n for n in names]
+    if source is not None and Path(source).parent.resolve() != Path(run_dir).resolve():
+        places += [Path(source)] + [Path(source).parent / n for n in names]
+    return next((p for p in places if step_of(p) == step), None)
+
+
+def repair_best(run_dir: Path, last: dict, source: Path | None = None) -> str | None:
+    """Make best.pt the checkpoint that `last` (read from `source`) records as best: link this folder's file, or copy
+    the one in the folder resumed from; returns what was done (None: nothing to do)."""
     want, best = last["best"]["step"], run_dir / "best.pt"
     have = step_of(best)
     if want is None or have == want or (have is not None and have > last["step"]):
         return None  # consistent, or ahead of last.pt: the resumed run replays those steps and re-links it
-    source = run_dir / f"ckpt-{want:08d}.pt"
-    if step_of(source) != want:
-        return f"best.pt holds step {have} but the best checkpoint (step {want}) is gone; it will be re-linked " \
-               f"at the next better validation loss"
-    link(source, best)
-    return f"best.pt re-linked to step {want} (it held step {have})"
+    found = holding(want, run_dir, source)
+    if found is None:
+        return f"best.pt holds step {have} but no file holds the best checkpoint (step {want}) any more; best.pt " \
+               f"will be linked at the next better validation loss, else the final test uses the last weights"
+    if found.parent.resolve() == Path(run_dir).resolve():
+        link(found, best)
+        return f"best.pt re-linked to step {want} (it held step {have})"
+    copy(found, best)
+    return f"best.pt copied from {found} (step {want})"
+
+
+def load_best(run_dir: Path, step: int | None, source: Path | None = None) -> dict | None:
+    """best.pt for the final test, refused unless it holds `step` (the recorded best); None when no file holds that
+    step any more (repair_best said so at start-up): the caller then tests the weights it has."""
+    path = run_dir / "best.pt"
+    if step is not None and step_of(path) != step and holding(step, run_dir, source) is None:
+        return None
+    best = load(path)
+    if best["step"] != step:
+        raise CheckpointError(f"{path} holds step {best['step']}, but the best validation loss was at step {step}")
+    return best
 
 
 def strip_prefixes(state: dict) -> dict:

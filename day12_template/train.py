@@ -156,7 +156,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
         log.say(f"resumed from {resume} at step {st['step']} (epoch {sampler.epoch + 1}, sample "
                 f"{sampler.position:,})" + ("" if ckpt["world_size"] == d.world else
                                             f"; {ckpt['world_size']} -> {d.world} ranks: same samples, new dropout"))
-        if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt)):
+        if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt, resume)):
             log.say(note)
     faults.install(model, lambda: st["step"])
     between_links = faults.between_links()
@@ -182,7 +182,8 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
     # 4. The loop: micro-batches -> one optimizer step -> log / checkpoint / stop; an evaluation per epoch.
     t0, c0, step0 = time.perf_counter(), time.process_time(), st["step"]
     rate = lambda: (st["step"] - step0) * tc.batch_size / max(1e-9, time.perf_counter() - t0)  # noqa: E731
-    stopped_by = "max_steps" if tc.max_steps and st["step"] >= tc.max_steps else None
+    stopped_by = ("max_steps" if tc.max_steps and st["step"] >= tc.max_steps else "early_stop"  # resumed: as it ended
+                  if tc.early_stop_patience and st["bad_evals"] >= tc.early_stop_patience else None)
     while sampler.epoch < tc.epochs and stopped_by is None:
         epoch = sampler.epoch
         batches = iter(train_loader)
@@ -254,18 +255,16 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
     if prof:
         prof.stop()
 
-    # 5. The test split, touched once: best.pt's weights, read back from disk.
-    best = checkpoint.load(run_dir / "best.pt")
-    if best["step"] != st["best"]["step"]:
-        raise checkpoint.CheckpointError(f"{run_dir / 'best.pt'} holds step {best['step']}, but the best "
-                                         f"validation loss was at step {st['best']['step']}")
-    distributed.load_model_state(model, best["model"], d)
+    # 5. The test split, touched once: best.pt's weights, read back from disk (the last weights if no file holds them).
+    if best := checkpoint.load_best(run_dir, st["best"]["step"], resume):
+        distributed.load_model_state(model, best["model"], d)
+    tested = f"best.pt, step {st['best']['step']}" if best else f"the last weights, step {st['step']}: best.pt is gone"
     result = {"step": st["step"], "stopped_by": stopped_by or "done", "best_step": st["best"]["step"],
-              "best_val_loss": st["best"]["val_loss"], "run_dir": str(run_dir)}
+              "best_val_loss": st["best"]["val_loss"], "run_dir": str(run_dir), "tested": tested}
     if "test" in evals:
         result["test_loss"], result["test_acc"] = evaluate(model, *evals["test"], device, autocast, d)
         log.record("test", st["step"], **{k: v for k, v in result.items() if k.startswith(("test", "best"))})
-        log.say(f"test (best.pt, step {result['best_step']}): loss {result['test_loss']:.4f}, accuracy "
+        log.say(f"test ({tested}): loss {result['test_loss']:.4f}, accuracy "
                 f"{100 * result['test_acc']:.2f}%")
     log.close()
     return result

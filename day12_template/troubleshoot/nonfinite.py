@@ -118,13 +118,21 @@ def backward_nan_op(model: nn.Module, batches, loss_fn=F.cross_entropy, autocast
 
 
 def nonfinite_error(step: int, epoch: int, loss: float, norm: float, model, batches, autocast, d,
-                    last: str) -> NonFinite:
-    """The error for a non-finite step, naming it and (on every rank, gathered) the first module at fault."""
+                    last) -> NonFinite:
+    """The error for a non-finite step, naming it and (on every rank, gathered) the first module at fault, the
+    checkpoint `last` (the run's last.pt) if one was written, and advice that works: a resume keeps optim.lr (a
+    changed one is refused), so a lower rate means a new run, from scratch or from last.pt's weights (init_from)."""
     what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {norm}"
     where = d.gather(first_nonfinite_module(model, batches, autocast))
     found = next((f"rank {r}: {w}" if d.enabled else w for r, w in enumerate(where) if w), None)
     found = found or "none (it arose in the loss or in backward)"
+    if Path(last).is_file():
+        kept = (f"the last good checkpoint is {last}. A resume keeps optim.lr (a changed one is refused): start a new "
+                f"run (another run.out_dir) with a lower optim.lr, from scratch or from these weights with "
+                f"`--set checkpoint.init_from={last} optim.lr=...` (weights only: a new optimizer and schedule)")
+    else:
+        kept = "no checkpoint was written yet. Run again with a lower optim.lr (the same run.out_dir is fine)"
     return NonFinite(f"non-finite {what} at step {step} (epoch {epoch + 1}); first module with a non-finite "
-                     f"output: {found}. That step was not applied and nothing was saved; the last good checkpoint "
-                     f"is {last}. Try a lower optim.lr or train.amp_dtype=bfloat16; `python doctor.py --config ... "
-                     f"--symptom nan` checks the data, the modules and (anomaly mode) the backward ops")
+                     f"output: {found}. That step was not applied and nothing was saved; {kept}. Under fp16 "
+                     f"autocast, train.amp_dtype=bfloat16 (a new run too) avoids fp16 overflow. `python doctor.py "
+                     f"--config ... --symptom nan` checks the data, the modules and (anomaly mode) the backward ops")
