@@ -8,6 +8,7 @@ import platform
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -147,8 +148,11 @@ class RunLog:
                 self.tb.close()
 
 
-def profiler(cfg, run_dir: Path):
-    """torch.profiler over `profile.steps` steps after `profile.start_step`; a Chrome trace in run_dir/profile/."""
+def profiler(cfg, run_dir: Path, enabled: bool, closing):
+    """torch.profiler over `profile.steps` steps after `profile.start_step`, a Chrome trace in run_dir/profile/,
+    stopped when `closing` (an ExitStack) closes; when not `enabled`, a stand-in whose step() does nothing."""
+    if not enabled:
+        return types.SimpleNamespace(step=lambda: None)
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -157,4 +161,5 @@ def profiler(cfg, run_dir: Path):
                    on_trace_ready=tensorboard_trace_handler(str(run_dir / "profile")), record_shapes=True,
                    profile_memory=True)
     prof.start()
+    closing.callback(prof.stop)
     return prof

@@ -7,7 +7,7 @@
     python train.py --help-config                                                # every field, and why
 
 The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/, ckpt-*.pt, last.pt and best.pt.
-Exit codes: 0 done; 1 error (data, checkpoint, non-finite loss); 2 bad config (nothing written);
+Exit codes: 0 done; 1 error (data, checkpoint, non-finite loss, out of memory); 2 bad config (nothing written);
 143 / 130 stopped by SIGTERM / SIGINT after writing last.pt (resume with checkpoint.resume=auto).
 """
 import os
@@ -160,7 +160,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
             log.say(note)
     faults.install(model, lambda: st["step"])
     between_links = faults.between_links()
-    prof = runlog.profiler(cfg, run_dir) if cfg.profile.enabled and d.is_main else None
+    prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
 
     def save(is_best: bool = False) -> None:
         """Every rank gathers; rank 0 writes. Model and optimizer are full, plain state dicts (names, no prefixes)."""
@@ -219,8 +219,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
             st["window"] = [st["window"][0] + step_loss, st["window"][1] + 1]
             log.advance()
             faults.after_step()
-            if prof:
-                prof.step()
+            prof.step()
             if st["step"] % tc.log_every == 0:
                 log.record("train", st["step"], epoch=epoch, loss=st["window"][0] / st["window"][1],
                            lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, scale=scaler.get_scale(),
@@ -252,8 +251,6 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
         if tc.early_stop_patience and st["bad_evals"] >= tc.early_stop_patience:
             stopped_by = "early_stop"
             log.say(f"early stop: no better validation loss for {tc.early_stop_patience} evaluations")
-    if prof:
-        prof.stop()
 
     # 5. The test split, touched once: best.pt's weights, read back from disk (the last weights if no file holds them).
     if best := checkpoint.load_best(run_dir, st["best"]["step"], resume):
