@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
 
-from sprint import machine, runs_dir
+from sprint import machine, runs_dir, write_results
 from sprint.cli import UserError, arg, parse, progress, run, validate
 
 HERE = Path(__file__).resolve().parent
@@ -129,10 +129,7 @@ def main(argv=None) -> dict:
     text = (report(rows, cfg.ref_evals) + f"\nEach command timed from launch as its own subprocess, one at a time, "
             f"on {summary['machine']}.\n")
     print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.md").write_text(text)
-    (out / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out / 'bench.md'} and bench.json")
+    write_results(out, "bench", text, summary)
     return summary
 
 

@@ -12,7 +12,6 @@
 
 Run:  python day04_mlp_mnist/init_lab.py   (writes runs/day04_mlp_mnist/init_lab.{json,md}, activation_std.png)
 """
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from day04_mlp_mnist.main import ACTIVATIONS, MLP
-from sprint import runs_dir
+from sprint import runs_dir, write_results
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import mnist_split
 from sprint.measure import count_params
@@ -211,11 +210,9 @@ def main(argv=None) -> dict:
     result = lab(cfg.seed)
     text = tables(result)
     print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "init_lab.md").write_text(text)
-    (out / "init_lab.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_results(out, "init_lab", text, result)
     plot_stds(result["stds"], out / "activation_std.png")
-    print(f"wrote {out / 'init_lab.md'}, init_lab.json and activation_std.png")
+    print(f"wrote {out / 'activation_std.png'}")
     return result
 
 

@@ -13,7 +13,6 @@ Run:  python day04_mlp_mnist/tune.py    (writes runs/day04_mlp_mnist/tuning.md a
 """
 import dataclasses
 import itertools
-import json
 import statistics
 import sys
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import torch.nn as nn
 
 from day04_mlp_mnist.main import MLP, Config, train
 from day04_mlp_mnist.reference import reference_model
-from sprint import machine, runs_dir
+from sprint import machine, runs_dir, write_results
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.measure import median_seconds
 
@@ -117,12 +116,9 @@ def main(argv=None) -> dict:
     chosen = pick(rows)
     text = report(costs, rows, chosen, cfg.seeds)
     print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tuning.md").write_text(text)
     result = {"step_costs": costs, "grid": rows, "chosen": chosen, "bar": BAR, "machine": machine(),
               "config": dataclasses.asdict(cfg)}
-    (out / "tuning.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out / 'tuning.md'} and tuning.json")
+    write_results(out, "tuning", text, result)
     return result
 
 

@@ -19,7 +19,6 @@ Run:  python day08_mini_autograd/bench.py                                  (writ
 """
 import contextlib
 import gc
-import json
 import multiprocessing
 import platform
 import random
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import numpy as np
 
 from day08_mini_autograd import engine, nn
-from sprint import machine, runs_dir
+from sprint import machine, runs_dir, write_results
 from sprint.cli import arg, parse, progress, run, validate
 
 SEED = 1337  # micrograd's demo seeds `random` with 1337; both engines draw the same initial weights from it
@@ -319,10 +318,7 @@ def main(argv=None):
           f"ratio {tensor['ratio']:.2f}x")
     result = {"machine": machine(), "python": platform.python_version(), "micrograd": source,
               "config": asdict(cfg), "scalar": scalar, "tensor": tensor}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "bench.md").write_text(markdown(result))
-    print(f"wrote {out / 'bench.json'} and bench.md")
+    write_results(out, "bench", markdown(result), result)
     return result
 
 

@@ -20,7 +20,6 @@ Run:    python day09_cnn/norms_lab.py                              (writes runs/
 Gates:  python day09_cnn/check.py
 """
 import copy
-import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sprint import machine, runs_dir
+from sprint import machine, runs_dir, write_results
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import mnist_split
 from sprint.measure import median_seconds
@@ -268,11 +267,9 @@ def main(argv=None) -> dict:
     result = run_lab(cfg)
     text = report(result)
     print("\n" + text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "norms.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "norms.md").write_text(text)
+    write_results(out, "norms", text, result)
     plot(result, out / "norms.png")
-    print(f"wrote {out}/norms.json, norms.md, norms.png")
+    print(f"wrote {out / 'norms.png'}")
     return result
 
 

@@ -14,7 +14,6 @@ Run:   python day10_bigbatch_ckpt/levers_lab.py                                 
        python day10_bigbatch_ckpt/levers_lab.py --out day10_bigbatch_ckpt/results (refreshes the committed figures)
 """
 import copy
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import torch.nn as nn
 
 from day10_bigbatch_ckpt import memcalc
 from day10_bigbatch_ckpt.main import GPTConfig, TinyGPT, allclose_ratio, make_batch
-from sprint import runs_dir
+from sprint import runs_dir, write_results
 from sprint.cli import arg, parse, run, validate
 from sprint.measure import count_params
 
@@ -186,10 +185,8 @@ def main(argv=None) -> dict:
     cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__, "levers"))
     result = run_lab(cfg)
     text = report(result)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "levers.md").write_text(text + "\n")
-    (out / "levers.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(text + f"\n\nwrote {out}/levers.md, levers.json")
+    print(text + "\n")
+    write_results(out, "levers", text, result)
     return result
 
 

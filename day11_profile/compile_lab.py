@@ -16,7 +16,6 @@ Run:   python day11_profile/compile_lab.py                                  (wri
 """
 import contextlib
 import copy
-import json
 import logging
 import sys
 import time
@@ -30,9 +29,8 @@ import torch.nn.functional as F
 
 from day04_mlp_mnist.main import MLP
 from day11_profile.main import prepared
-from sprint import runs_dir
+from sprint import machine, runs_dir, write_results
 from sprint.cli import UserError, arg, parse, run, validate
-from sprint import machine
 from sprint.measure import median_seconds
 
 SIZES = (256, 256, 216, 256, 96)  # full batches; the last of 55,000 images (216); the last of 60,000 (96)
@@ -209,10 +207,8 @@ def main(argv=None) -> dict:
                         "compiler (gcc or clang)")
     result = run_lab(cfg)
     text = report(result)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compile.md").write_text(text + "\n")
-    (out / "compile.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(text + f"\n\nwrote {out}/compile.md, compile.json")
+    print(text + "\n")
+    write_results(out, "compile", text, result)
     return result
 
 

@@ -1,5 +1,6 @@
 """Small shared helpers: offline MNIST (`data`), device choice (`device`), gate recording (`gates`),
 command lines (`cli`), measurements (`measure`) and plots (`plots`)."""
+import json
 import os
 import platform
 import sys
@@ -12,6 +13,14 @@ RUNS_ROOT = REPO_ROOT / "runs"  # git-ignored: where every script writes unless 
 def runs_dir(day_file: str, *parts: str) -> Path:
     """`runs/<day folder>/<parts>`: the default output folder of a day's script (never the committed results/)."""
     return RUNS_ROOT.joinpath(Path(day_file).resolve().parent.name, *parts)
+
+
+def write_results(out: Path, name: str, text: str, result) -> None:
+    """`out/<name>.md` (the report) and `out/<name>.json` (its figures), and one line saying where."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(text.rstrip("\n") + "\n")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out / name}.md and {name}.json")
 
 
 def cpu_info() -> tuple[str, set[str]]:

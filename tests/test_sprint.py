@@ -1,4 +1,5 @@
 """The shared helpers: command lines checked before work starts, and measurements taken one way."""
+import json
 import dataclasses
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from sprint import REPO_ROOT, machine, runs_dir
+from sprint import REPO_ROOT, machine, runs_dir, write_results
 from sprint.cli import UserError, arg, parse, run, unwritable, validate
 from sprint.measure import PeakBytes, count_params, median_seconds, peak_bytes, saved_bytes
 
@@ -103,6 +104,13 @@ def test_other_runtime_errors_keep_their_traceback():
 
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         run(main, [])
+
+
+def test_write_results_writes_the_report_and_its_figures_side_by_side(tmp_path, capsys):
+    write_results(tmp_path / "new", "lab", "| a |\n\n", {"x": 1.5})
+    assert (tmp_path / "new" / "lab.md").read_text() == "| a |\n"  # exactly one final newline
+    assert json.loads((tmp_path / "new" / "lab.json").read_text()) == {"x": 1.5}
+    assert "lab.md and lab.json" in capsys.readouterr().out
 
 
 def test_runs_dir_is_under_the_git_ignored_runs_folder():
