@@ -1,6 +1,6 @@
 """The shared helpers: command lines checked before work starts, and measurements taken one way."""
-import json
 import dataclasses
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
