@@ -92,13 +92,18 @@ def demo_model(name):
     return mg.MLP(2, [16, 16, 1]), mg.Value
 
 
-def svm_step(model, value, x, y, lr, alpha=1e-4):
-    """micrograd's demo loop, written once for both engines: hinge loss + L2, backward, SGD."""
+def svm_loss(model, value, x, y, alpha=1e-4):
+    """(loss, scores): micrograd's demo loss, written once for both engines: hinge loss + L2."""
     scores = [model([value(a), value(b)]) for a, b in x]
     scores = [s[0] if isinstance(s, list) else s for s in scores]  # our MLP returns a list of outputs
     losses = [(1 + -yi * s).relu() for yi, s in zip(y, scores)]
     data_loss = sum(losses) * (1.0 / len(losses))
-    loss = data_loss + alpha * sum(p * p for p in model.parameters())
+    return data_loss + alpha * sum(p * p for p in model.parameters()), scores
+
+
+def svm_step(model, value, x, y, lr):
+    """micrograd's demo loop: loss, backward, SGD."""
+    loss, scores = svm_loss(model, value, x, y)
     model.zero_grad()
     loss.backward()
     for p in model.parameters():
@@ -227,6 +232,33 @@ def compare_engines(cfg):
             "tensor_engine_vs_micrograd_default": ms[cfg.heaps[0], "micrograd", "default"] / tensor}
 
 
+def where_the_time_goes(points, steps):
+    """This engine's demo step in phases, collector paused, median over `steps` steps (ms): building the graph
+    (forward pass and loss), `backward()`, the topological sort inside it (timed by one extra sort of the same graph
+    before `backward()`), and the SGD update with freeing the graph."""
+    x, y = make_moons(points)
+    x, y = x.tolist(), y.tolist()
+    model, value = demo_model("ours")
+    times = {"build": [], "backward": [], "sort": [], "update_and_free": []}
+    for k in range(steps):
+        with engine.collector_paused():
+            t0 = time.perf_counter()
+            loss, scores = svm_loss(model, value, x, y)
+            t1 = time.perf_counter()
+            nodes = len(engine.topological_order(loss))
+            t2 = time.perf_counter()
+            model.zero_grad()
+            loss.backward()
+            t3 = time.perf_counter()
+            for p in model.parameters():
+                p.data -= (1.0 - 0.9 * k / 100) * p.grad
+            del loss, scores  # reference counting frees the graph here
+            t4 = time.perf_counter()
+        for key, seconds in zip(times, (t1 - t0, t3 - t2, t2 - t1, t4 - t3)):
+            times[key].append(1e3 * seconds)
+    return {"nodes": nodes, "steps": steps} | {f"{k}_ms": statistics.median(v) for k, v in times.items()}
+
+
 # ------------------------------------------------------------------------------------------------------------
 # 2. Tensor engine vs PyTorch
 # ------------------------------------------------------------------------------------------------------------
@@ -288,6 +320,15 @@ def markdown(result):
     for heap, sp in s["speedup"].items():
         lines.append(f"| {heaps[heap]} | {sp['default']:.1f}x | {sp['paused']:.1f}x | "
                      f"{sp['ours_paused_vs_micrograd_default']:.1f}x |")
+    ph = s["phases"]
+    shipped = next(r["ms_per_step"] for r in s["runs"] if (r["engine"], r["collector"]) == ("micrograd", "default"))
+    total = ph["build_ms"] + ph["backward_ms"] + ph["update_and_free_ms"]
+    lines += ["", f"Where this engine's step goes, collector paused (median of {ph['steps']} steps, {ph['nodes']:,} "
+                  f"nodes): building the graph {ph['build_ms']:.1f} ms ({1e6 * ph['build_ms'] / ph['nodes']:.0f} ns "
+                  f"per node), `backward()` {ph['backward_ms']:.1f} ms, of which the topological sort "
+                  f"{ph['sort_ms']:.1f} ms ({1e6 * ph['sort_ms'] / ph['nodes']:.0f} ns per node), the update and "
+                  f"freeing the graph {ph['update_and_free_ms']:.1f} ms: {total:.1f} ms in all. 30x micrograd as "
+                  f"shipped ({heaps[s['runs'][0]['heap']]}) would be {shipped / 30:.1f} ms per step."]
     lines += ["", f"Fewer, bigger nodes: the Tensor engine runs the same demo (same weights, same losses) "
                   f"{s['tensor_engine_vs_micrograd_default']:.0f}x faster than micrograd, both at the default "
                   f"collector."]
@@ -312,6 +353,10 @@ def main(argv=None):
               f"{sp['ours_paused_vs_micrograd_default']:.1f}x (ours paused vs micrograd as shipped)")
     print(f"   the Tensor engine on the same demo: {scalar['tensor_engine_vs_micrograd_default']:.0f}x micrograd's "
           f"speed; all runs compute the same losses, to {scalar['max_relative_loss_gap']:.1e}")
+    scalar["phases"] = phases = where_the_time_goes(cfg.points, cfg.steps)
+    print(f"   this engine, collector paused, {phases['nodes']:,} nodes per step: build {phases['build_ms']:.1f} ms, "
+          f"backward {phases['backward_ms']:.1f} ms (sort {phases['sort_ms']:.1f} ms), update and free "
+          f"{phases['update_and_free_ms']:.1f} ms")
     print("2. Tensor engine vs PyTorch, 784-256-10 MLP, batch 128, cross-entropy + Adam")
     tensor = tensor_vs_torch(cfg.tensor_steps, cfg.rounds)
     print(f"   engine {tensor['engine_ms']:.2f} ms/step   torch {tensor['torch_ms']:.2f} ms/step   "
