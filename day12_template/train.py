@@ -228,6 +228,7 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
                 st["window"] = [0.0, 0]
             if signals:  # every rank sees the same sum: all stop after this same step
                 save()
+                d.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
                 raise stopped(stop.name(), st["step"])
             if tc.max_steps and st["step"] >= tc.max_steps:
                 stopped_by = "max_steps"
