@@ -215,7 +215,7 @@ class Report:
 class Config:
     n: int = arg(8, "batch size N in the (N,) vs (N,1) broadcasting trap (N = 1 would hide the trap; the trap "
                     "makes an N x N tensor, so at most 4096)", ge=2, le=4096)
-    seed: int = arg(0, "seed of the random tensors")
+    seed: int = arg(0, "seed of the random tensors", ge=0)
 
     def __post_init__(self):
         validate(self)

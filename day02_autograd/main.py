@@ -258,7 +258,7 @@ def all_lessons(trials: int = 1000, seed: int = 0) -> Lessons:
 @dataclass
 class Config:
     trials: int = arg(1000, "random (w, x, b) triples for the exactness check", gt=0)
-    seed: int = arg(0, "seed of the random inputs")
+    seed: int = arg(0, "seed of the random inputs", ge=0)
 
     def __post_init__(self):
         validate(self)

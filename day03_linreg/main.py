@@ -101,7 +101,7 @@ def plot(result: Fit, path: Path) -> None:
 class Config:
     steps: int = arg(500, "full-batch gradient-descent steps", gt=0)
     lr: float = arg(0.1, "learning rate (diverges above 2 / λ_max of the Hessian, about 1 here)", gt=0)
-    seed: int = arg(0, "seed of the data and of w's initial value")
+    seed: int = arg(0, "seed of the data and of w's initial value", ge=0)
 
     def __post_init__(self):
         validate(self)

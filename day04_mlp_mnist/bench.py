@@ -33,7 +33,7 @@ GOAL = 0.98
 
 @dataclass
 class Config:
-    seeds: tuple[int, ...] = arg((0, 1), "seeds: one main-job run and one run per reference setting for each")
+    seeds: tuple[int, ...] = arg((0, 1), "seeds: one main-job run and one run per reference setting for each", ge=0)
     ref_epochs: tuple[int, ...] = arg((3, 5), "lengths of the reference's linear decay, in epochs", gt=0)
     ref_evals: tuple[int, ...] = arg((1, 4), "test evaluations per epoch of the reference", gt=0, le=234)
 

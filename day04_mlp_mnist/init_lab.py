@@ -199,7 +199,7 @@ def plot_stds(stds: dict, path: Path) -> Path:
 
 @dataclass
 class Config:
-    seed: int = arg(0, "seed of the weights, the inputs and the batches")
+    seed: int = arg(0, "seed of the weights, the inputs and the batches", ge=0)
 
     def __post_init__(self):
         validate(self)

@@ -85,7 +85,7 @@ class Config:
     norm: bool = arg(False, "LayerNorm after the first layer")
     act: str = arg("relu", "activation", choices=tuple(ACTIVATIONS))
     init: str = arg("he", "weight init", choices=INITS)
-    seed: int = arg(0, "seed of the init, the Dropout masks and the shuffle")
+    seed: int = arg(0, "seed of the init, the Dropout masks and the shuffle", ge=0)
     device: str | None = arg(None, "cpu, cuda, cuda:1 or mps; none given: the best this machine has")
     val_size: int = arg(5000, "training images held out for validation (the test set is used once, at the end)",
                         gt=0, lt=SIZES[True])

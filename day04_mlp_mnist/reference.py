@@ -25,7 +25,7 @@ from sprint.data import mnist_tensors
 class Config:
     epochs: int = arg(3, "length of the linear decay, in epochs", gt=0)
     evals_per_epoch: int = arg(4, "test evaluations per epoch (each one is timed by bench.py)", gt=0, le=234)
-    seed: int = arg(0, "seed of the init and the shuffle")
+    seed: int = arg(0, "seed of the init and the shuffle", ge=0)
 
     def __post_init__(self):
         validate(self)

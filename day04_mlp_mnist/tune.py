@@ -34,7 +34,7 @@ BAR = 0.982
 
 @dataclass
 class TuneConfig:
-    seeds: tuple[int, ...] = arg((0, 1), "training seeds; a setting must reach the bar on every one")
+    seeds: tuple[int, ...] = arg((0, 1), "training seeds; a setting must reach the bar on every one", ge=0)
     epochs: tuple[int, ...] = arg((3, 4), "epoch budgets to try, fewest first", gt=0)
     lrs: tuple[float, ...] = arg((3e-3, 6e-3, 1.2e-2), "peak learning rates to try", gt=0)
     label_smoothing: tuple[float, ...] = arg((0.0, 0.1, 0.2), "label smoothing values to try", ge=0, lt=1)

@@ -31,8 +31,9 @@ N = 3000  # samples in the exactly-once check
 
 @pytest.fixture(scope="module")
 def two_epochs():
-    """Two epochs of a shuffled 2-worker loader over the first N training images (persistent workers)."""
-    loader = day.make_loader(Subset(day.MNISTFiles(train=True), range(N)), batch_size=250, num_workers=2, seed=0)
+    """Two epochs of a shuffled 2-worker loader over the first N training images (persistent workers); batches of
+    256, so the last one is partial and a loader that drops it fails the exactly-once gates."""
+    loader = day.make_loader(Subset(day.MNISTFiles(train=True), range(N)), batch_size=256, num_workers=2, seed=0)
     return day.run_epoch(loader), day.run_epoch(loader)
 
 

@@ -228,10 +228,11 @@ class Config:
     samples: int | None = arg(None, "samples per timed epoch, the first N training images; none given: 60000, or "
                                     "512 with --smoke", gt=0, le=SIZES[True])
     batch_size: int | None = arg(None, "images per batch; none given: 256, or 128 with --smoke", gt=0)
-    workers: tuple[int, ...] = arg((0, 2, 4), "num_workers values to time, e.g. --workers 0 2 4", ge=0)
-    seed: int = arg(0, "seed of the shuffle, the augmentations and the model")
+    workers: tuple[int, ...] = arg((0, 2, 4), "num_workers values to time, e.g. --workers 0 2 4", ge=0,
+                                    le=256)
+    seed: int = arg(0, "seed of the shuffle, the augmentations and the model", ge=0)
     threads: int | None = arg(None, "intra-op threads of the training process; none given: torch's, one per core",
-                              gt=0)
+                              gt=0, le=256)
     start_method: str | None = arg(None, "how worker processes start; none given: the platform's (spawn on macOS "
                                          "and Windows)", choices=("fork", "spawn", "forkserver"))
     device: str | None = arg(None, "where the training step runs: cpu, cuda or mps; none given: the best available")
@@ -264,7 +265,10 @@ def run_demos(cfg: Config, dataset: MNISTFiles, out: Path) -> None:
           f"(same seed), max |worker 0 - worker 1| = {aug['max_diff_between_workers']:.3g}, "
           f"max |seed {cfg.seed} - seed {cfg.seed + 1}| = {aug['max_diff_between_seeds']:.3g}")
     plot_augmentations(sample["image"], aug, out / "augmentations.png")
-    print(f"    wrote {out / 'augmentations.png'}")
+    figures = {"default_collate_error": demo["default_collate_error"], "padded_shape": list(padded.shape),
+               "lengths": lengths.tolist()} | {k: float(v) for k, v in aug.items() if k.startswith("max_diff")}
+    (out / "demos.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"    wrote {out / 'augmentations.png'}, {out / 'demos.json'}")
 
 
 def main(argv=None) -> dict:

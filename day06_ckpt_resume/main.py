@@ -59,12 +59,13 @@ class Config:
     dropout: float = arg(0.1, "Dropout probability; its masks draw from the global torch RNG", ge=0, lt=1)
     val_size: int = arg(5000, "training images held out for validation", gt=0, lt=MNIST_TRAIN)
     train_subset: int = arg(0, "train on the first N of the remaining images; 0: all of them", ge=0)
-    num_workers: int = arg(0, "DataLoader worker processes", ge=0)
+    num_workers: int = arg(0, "DataLoader worker processes", ge=0, le=256)
     ckpt_every: int = arg(200, "steps between mid-epoch checkpoints (every epoch end saves too)", gt=0)
     keep_last: int = arg(3, "step checkpoints kept on disk (>= 2: the newest may be half-written)", ge=2)
     patience: int = arg(3, "epochs without a better validation loss before early stopping", gt=0)
     max_steps: int = arg(0, "save and stop after this global step; 0: no limit", ge=0)
-    threads: int = arg(0, "torch threads; 0: torch's default (bitwise results need a fixed count)", ge=0)
+    threads: int = arg(0, "torch threads; 0: torch's default (bitwise results need a fixed count)", ge=0,
+                      le=256)
     device: str = arg("", "cpu, cuda, cuda:N or mps; empty: cuda, then mps, then cpu")
     log_every: int = arg(50, "steps between log lines", gt=0)
 

@@ -41,7 +41,7 @@ STATE_KEYS = ("model", "optimizer", "scheduler", "sampler", "rng", "step", "best
 
 @dataclass
 class ProofConfig(Config):
-    workers: tuple[int, ...] = arg((0, 2), "num_workers of each killed chain", ge=0)
+    workers: tuple[int, ...] = arg((0, 2), "num_workers of each killed chain", ge=0, le=256)
     kills: tuple[int, ...] = arg((2, 3), "SIGKILLs of each chain, one count per --workers value", gt=0)
 
     def __post_init__(self):

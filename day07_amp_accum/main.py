@@ -53,7 +53,8 @@ class AmpConfig(Config):
     train_subset: int = arg(8192, "train on the first N of the remaining images; 0: all of them", ge=0)
     epochs: int = arg(2, "passes over the training split", gt=0)
     warmup_steps: int = arg(20, "steps of linear warmup before the cosine decay", ge=0)
-    threads: int = arg(1, "torch threads (one per process is the fast setting on a shared 2-core machine)", ge=0)
+    threads: int = arg(1, "torch threads (one per process is the fast setting on a shared 2-core machine)", ge=0,
+                      le=256)
 
     def __post_init__(self):
         super().__post_init__()

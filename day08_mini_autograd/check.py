@@ -24,7 +24,7 @@ from hypothesis.extra.numpy import mutually_broadcastable_shapes
 from day08_mini_autograd import bench
 from day08_mini_autograd import main as day
 from day08_mini_autograd import tensor_engine as te
-from day08_mini_autograd.engine import Value, topological_order
+from day08_mini_autograd.engine import Value, collector_paused, topological_order
 
 gates = Gates(__file__)
 TOL = f"rtol {day.RTOL:g}, atol {day.ATOL:g}"  # element-wise, float64 (main.tolerance_used)
@@ -42,6 +42,7 @@ UNARY = {
     "log": lambda a: (a * a + 1).log(),
     "rsqrt": lambda a: (a * a + 1) ** -0.5,
     "reflected": lambda a: 2.0 - 3.0 * a + 1.5 / (a * a + 1),
+    "constants": lambda a: (a + 0.5 - 2.0) * 1.5 / 4.0,  # a number on the right of each operator
 }
 BINARY = {
     "add": lambda a, b: a + b,
@@ -278,6 +279,24 @@ def test_scalar_graphs_free_themselves_without_the_cycle_collector():
 
     gates.check("scalar engine: cyclic garbage objects after 3 training steps",
                 unreachable_after(lambda: [step() for _ in range(3)]), "==", 0)
+
+
+def test_collector_paused_pauses_the_collector_then_restores_its_state_even_after_an_error():
+    def states(enabled_before):
+        gc.enable() if enabled_before else gc.disable()
+        with collector_paused():
+            inside = gc.isenabled()
+        with pytest.raises(KeyError), collector_paused():
+            raise KeyError
+        return [inside, gc.isenabled()]
+
+    was_enabled = gc.isenabled()
+    try:
+        seen = states(True) + states(False)
+    finally:
+        gc.enable() if was_enabled else gc.disable()
+    gates.check("collector enabled before: on inside, after; disabled before: on inside, after", seen, "==",
+                [False, True, False, False])
 
 
 def test_tensor_graphs_free_themselves_without_the_cycle_collector():

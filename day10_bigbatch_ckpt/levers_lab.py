@@ -115,7 +115,7 @@ class Config:
     steps: int = arg(20, "AdamW steps per variant", gt=0)
     batch: int = arg(8, "batch size", gt=0)
     lr: float = arg(3e-3, "AdamW learning rate", gt=0)
-    seed: int = arg(0, "seed of the initial weights")
+    seed: int = arg(0, "seed of the initial weights", ge=0)
 
     def __post_init__(self):
         validate(self)

@@ -222,7 +222,7 @@ class Config:
     repeat: int = arg(10, "timed steps per mode (their median is reported)", gt=0)
     layers: int = arg(4, "Transformer blocks in the tiny GPT", gt=0)
     device: str | None = arg(None, "cpu, cuda or mps (None: the best available)")
-    seed: int = arg(0, "seed of the model's initial weights")
+    seed: int = arg(0, "seed of the model's initial weights", ge=0)
 
     def __post_init__(self):
         validate(self)

@@ -148,7 +148,7 @@ class Config:
     cold: bool = arg(True, "also compile into an empty cache first (what a fresh machine pays)")
     repeat: int = arg(20, "timed steps for the steady-state median", gt=0)
     check_steps: int = arg(3, "steps compared loss for loss, eager vs compiled", gt=0)
-    seed: int = arg(0, "seed of the initial weights")
+    seed: int = arg(0, "seed of the initial weights", ge=0)
 
     def __post_init__(self):
         validate(self)

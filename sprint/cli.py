@@ -108,10 +108,17 @@ def unwritable(path: Path) -> str | None:
     return None
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (`prog: error: ...`, exit code 2), without the usage block above them."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (all flags: --help)\n")
+
+
 def parser_for(cls, doc: str, out: Path | None = None) -> argparse.ArgumentParser:
     """A parser with defaults shown in --help, one flag per config field and, with `out`, an `--out` folder."""
-    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(description=doc.strip().splitlines()[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_flags(parser, cls)
     if out is not None:
         parser.add_argument("--out", type=Path, default=out,
