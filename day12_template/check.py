@@ -39,6 +39,7 @@ import faults  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
 import runlog  # noqa: E402
+import signals  # noqa: E402
 import train  # noqa: E402
 import troubleshoot as ts  # noqa: E402
 from troubleshoot import checks  # noqa: E402
@@ -237,6 +238,42 @@ def test_running_out_of_memory_is_one_line_exit_1_and_no_run_folder(tmp_path):
     gates.check("a model too big for memory (hidden 1e12): exit code, error lines, traceback, run folder",
                 [proc.returncode, proc.stderr.count("error: out of memory"), "Traceback" in proc.stderr,
                  (tmp_path / "run").exists()], "==", [1, 1, False, False])
+
+
+def test_a_stopped_rank_keeps_ignoring_repeated_signals_until_it_exits():
+    """Under torchrun a rank that stops keeps ignoring SIGINT/SIGTERM through teardown: a late forwarded repeat would
+    otherwise kill it mid-exit (-2/-15 and a traceback instead of 130/143). One process gets its old handlers back."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    after = []
+    try:
+        for repeat_stops in (False, True):
+            stop = signals.StopSignal(repeat_stops=repeat_stops)
+            stop.handle(signal.SIGTERM, None)
+            stop.restore()
+            after.append([signal.getsignal(s) is signal.SIG_IGN for s in before])
+            for s, handler in before.items():
+                signal.signal(s, handler)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    gates.check("after a stop, SIGINT/SIGTERM ignored: under torchrun / in one process", after, "==",
+                [[True, True], [before[signal.SIGINT] is signal.SIG_IGN, before[signal.SIGTERM] is signal.SIG_IGN]])
+
+
+def test_a_rank_whose_peer_died_stops_with_one_line_and_exit_1(monkeypatch, capsys):
+    def lost_peer():  # what gloo raises in a survivor when `kill -9` hits the other rank
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:7084: Connection reset by peer")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as ended:
+        config.exit_with(lost_peer)
+    err = capsys.readouterr().err
+    gates.check("a rank whose peer died (gloo: connection reset): exit code, one-line errors, says how to resume",
+                [ended.value.code, err.count("error (rank 1): another rank"), "resume=auto" in err], "==", [1, 1, True])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(RuntimeError):  # one process has no peer to lose: the traceback stays
+        config.exit_with(lost_peer)
 
 
 def test_demo_and_memory_report_missing_data_in_one_line_exit_1(tmp_path, monkeypatch, capsys):

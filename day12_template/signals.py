@@ -34,8 +34,10 @@ class StopSignal:
         return signal.Signals(self.signum or signal.SIGTERM).name
 
     def restore(self) -> None:
+        """The previous handlers back; but a rank stopped under torchrun keeps ignoring repeats until it exits, or a
+        late forwarded signal would kill it mid-teardown (exit -2/-15 instead of 130/143, a traceback)."""
         for s, handler in self.previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if self.signum and not self.repeat_stops else handler)
 
 
 def stopped(name: str, step: int) -> Stopped:

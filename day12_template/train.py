@@ -98,8 +98,8 @@ def run(cfg: config.Config, faults: Faults | None = None) -> dict:
         d.barrier()  # no rank tears the group down while another still communicates (gloo aborts at exit)
         return result
     finally:
-        stop.restore()
         d.close()
+        stop.restore()
 
 
 def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSignal, closing: contextlib.ExitStack
