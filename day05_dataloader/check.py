@@ -159,7 +159,7 @@ def test_smoke_never_overrides_an_explicit_flag():
 ABSENT_DEVICE = "cuda:99" if torch.cuda.is_available() else "cuda"
 BAD_FLAGS = [["--batch-size", "0", "--smoke"], ["--samples", "0"], ["--samples", "60001"], ["--workers", "-1"],
              ["--workers", "two"], ["--threads", "0"], ["--start-method", "thread"], ["--device", ABSENT_DEVICE],
-             ["--device", "gpu"]]
+             ["--device", "gpu"], ["--threads", "100000"], ["--workers", "0", "1000"], ["--seed", "-1"]]
 
 
 @pytest.mark.parametrize("argv", BAD_FLAGS, ids=" ".join)
