@@ -570,6 +570,24 @@ def test_disk_full_during_a_real_run_fails_clearly_and_keeps_last_pt_loadable(tm
                 sha(run_dir / "last.pt") == before and checkpoint.load(run_dir / "last.pt")["step"] == 4, "==", True)
 
 
+def test_an_old_checkpoint_that_cannot_be_deleted_stops_every_rank_with_one_line(tmp_path, capsys, monkeypatch):
+    unlink = Path.unlink
+
+    def refuse_old_checkpoints(path, missing_ok=False):  # e.g. a file another user owns in a shared folder
+        if path.name.startswith("ckpt-"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse_old_checkpoints)
+    run_dir = tmp_path / "run"
+    code = train.main(["--set", *sets({**TINY, "train.max_steps": 4, "checkpoint.every_steps": 1,
+                                       "checkpoint.keep_last": 1, "run.out_dir": str(run_dir)})])
+    err = capsys.readouterr().err
+    gates.check("an old checkpoint that cannot be deleted: exit code, error lines naming it, traceback, last.pt step",
+                [code, err.count("error: "), "ckpt-00000001.pt" in err, "Traceback" in err,
+                 checkpoint.load(run_dir / "last.pt")["step"]], "==", [1, 1, True, False, 2])
+
+
 def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(tmp_path, capsys):
     run_dir = tmp_path / "run"
     train.run(cfg_of({**TINY, "train.max_steps": 3}, run_dir))

@@ -171,10 +171,10 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
                    "rng": d.gather(checkpoint.rng_state(device)), "rank_steps": d.gather(st["step"])}
         error = None
         if d.is_main:
-            log.flush()  # the logs reach the disk before the checkpoint that vouches for them
             try:
+                log.flush()  # the logs reach the disk before the checkpoint that vouches for them
                 checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last, is_best, between_links)
-            except checkpoint.CheckpointError as exc:
+            except (checkpoint.CheckpointError, OSError) as exc:  # OSError: the log's fsync, an old checkpoint's unlink
                 error = str(exc)
         if error := d.gather(error)[0]:  # every rank fails together; none waits forever
             raise checkpoint.CheckpointError(error)
