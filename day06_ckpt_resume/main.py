@@ -64,8 +64,7 @@ class Config:
     keep_last: int = arg(3, "step checkpoints kept on disk (>= 2: the newest may be half-written)", ge=2)
     patience: int = arg(3, "epochs without a better validation loss before early stopping", gt=0)
     max_steps: int = arg(0, "save and stop after this global step; 0: no limit", ge=0)
-    threads: int = arg(0, "torch threads; 0: torch's default (bitwise results need a fixed count)", ge=0,
-                      le=256)
+    threads: int = arg(0, "torch threads; 0: torch's default (bitwise results need a fixed one)", ge=0, le=256)
     device: str = arg("", "cpu, cuda, cuda:N or mps; empty: cuda, then mps, then cpu")
     log_every: int = arg(50, "steps between log lines", gt=0)
 
