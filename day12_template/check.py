@@ -40,6 +40,7 @@ import memory  # noqa: E402
 import models  # noqa: E402
 import runlog  # noqa: E402
 import signals  # noqa: E402
+import tasks  # noqa: E402
 import train  # noqa: E402
 import troubleshoot as ts  # noqa: E402
 from troubleshoot import checks  # noqa: E402
@@ -51,13 +52,19 @@ for _m in (checkpoint, config, data, demo, doctor, faults, memory, models, runlo
     assert HERE in Path(_m.__file__).parents, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
 
 # A tiny run: generated data, a small MLP with dropout, 16 steps per epoch, 2 epochs, a checkpoint every 3 steps.
-TINY = {"data.dataset": "synthetic", "data.synthetic_size": 512, "data.val_size": 128, "model.hidden": 32,
-        "model.dropout": 0.1, "optim.lr": 3e-3, "train.epochs": 2, "train.batch_size": 32, "train.log_every": 1,
+TINY = {"data.dataset": "synthetic", "data.synthetic_size": 512, "data.val_size": 128, "model.mlp.hidden": 32,
+        "model.mlp.dropout": 0.1, "optim.lr": 3e-3, "train.epochs": 2, "train.batch_size": 32, "train.log_every": 1,
         "checkpoint.every_steps": 3, "checkpoint.keep_last": 2, "train.progress": "off"}
 STEPS = 2 * 512 // 32
 # TINY overfitting: 64 training images, 4 steps an epoch; the best evaluation comes early, early stopping ends it.
-OVERFIT = {**TINY, "data.subset": 64, "model.hidden": 256, "model.dropout": 0.0, "train.epochs": 30,
+OVERFIT = {**TINY, "data.subset": 64, "model.mlp.hidden": 256, "model.mlp.dropout": 0.0, "train.epochs": 30,
            "train.batch_size": 16, "train.early_stop_patience": 2, "optim.warmup_ratio": 0.0}
+# The same run for a language model: a tiny GPT on the bundled Shakespeare, 32 steps evaluated every 16 (the
+# "epochs" of text), windows of 32 bytes, the same checkpoints.
+TINY_LM = {**TINY, "data.dataset": "shakespeare", "data.block_size": 32, "data.eval_windows": 32, "model.name": "gpt",
+           "model.gpt.n_layer": 2, "model.gpt.n_head": 2, "model.gpt.n_embd": 32, "model.gpt.block_size": 32,
+           "model.gpt.dropout": 0.1, "train.steps": STEPS, "train.eval_every": 16}
+TASKS = {"classify": TINY, "lm": TINY_LM}
 SMALL_MNIST = {"data.subset": 2048, "data.val_size": 1000, "train.epochs": 1, "train.batch_size": 64,
                "train.log_every": 8, "train.progress": "off"}
 
@@ -142,12 +149,12 @@ def test_config_has_the_curriculum_templates_21_fields_each_with_its_reason():
     names = ("seed out_dir device deterministic dataset num_workers pin_memory epochs batch_size grad_accum lr "
              "weight_decay warmup_ratio min_lr_ratio grad_clip amp amp_dtype early_stop_patience resume log_every "
              "max_steps").split()
-    leaves = {key.split(".")[1] for key in config.FIELDS}
+    leaves = {key.split(".")[-1] for key in config.fields()}
     gates.check("curriculum template fields present", sum(n in leaves for n in names), "==", 21)
-    no_reason = [k for k, (f, _) in config.FIELDS.items() if len(f.metadata["why"]) < 15]
+    no_reason = [k for k, (f, _) in config.fields().items() if len(f.metadata["why"]) < 15]
     gates.check("config fields without a one-line reason", len(no_reason), "==", 0)
     readme = (HERE / "README.md").read_text()
-    gates.check("config fields missing from the README", [k for k in config.FIELDS if f"`{k}`" not in readme],
+    gates.check("config fields missing from the README", [k for k in config.fields() if f"`{k}`" not in readme],
                 "==", [])
 
 
@@ -164,7 +171,7 @@ BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line m
     (["train.batch_size=100", "train.grad_accum=3"], "train.batch_size"),
     (["train.epochs=two"], "train.epochs"),
     (["train.amp=yes"], "train.amp"),
-    (["model.widths=[16, 0]"], "model.widths"),
+    (["model.resnet.widths=[16, 0]"], "model.resnet.widths"),
     (["run.device=gpu"], "run.device"),
     (["data.dataset=imagefolder"], "data.root"),
     (["optim"], "key=value"),
@@ -173,11 +180,24 @@ BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line m
     ("[train]\nbatch_size = 12.5\n", "train.batch_size"),
     (["run.seed=-1"], "run.seed must be >= 0 and <= 4294967295"),  # NumPy's seed range, not its traceback
     (["run.seed=4294967296"], "run.seed must be >= 0 and <= 4294967295"),
-    (["model.hidden=99999999999999999999"], "model.hidden must fit in 64 bits"),  # not a C++ overflow
-    (["model.widths=[16, 99999999999999999999]"], "model.widths[1] must fit in 64 bits"),
+    (["model.mlp.hidden=99999999999999999999"], "model.mlp.hidden must fit in 64 bits"),  # not a C++ overflow
+    (["model.resnet.widths=[16, 99999999999999999999]"], "model.resnet.widths[1] must fit in 64 bits"),
     (["data.num_workers=1000000"], "data.num_workers"),  # a million worker processes: an OOM kill
     (["run.out_dir=/proc/template/run"], "cannot create /proc/template"),  # os.access says yes to root there
     (b"\xff\xfe[optim]\n", "is not UTF-8"),
+    # language models: the GPT's table, text vs images, steps vs epochs
+    (["model.gpt.n_layer=0"], "model.gpt.n_layer"),
+    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "model.gpt.n_embd=100", "model.gpt.n_head=3"],
+     "model.gpt.n_embd=100 must be divisible by model.gpt.n_head=3"),
+    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "data.block_size=128"],
+     "data.block_size=128 exceeds model.gpt.block_size=64"),
+    (["data.dataset=shakespeare", "train.steps=10"], "model.name=mlp learns the 'classify' task"),
+    (["model.name=gpt", "data.dataset=shakespeare"], "train.steps"),
+    (["train.steps=100"], "train.steps/train.eval_every apply to text"),
+    (["model.gpt.bias=maybe"], "model.gpt.bias"),
+    (["model.gpt.n_layers=4"], "did you mean `model.gpt.n_layer`"),
+    ("[model.transformer]\nn_layer = 4\n", "unknown config key `model.transformer`"),
+    (["data.dataset=tokens", "model.name=gpt", "train.steps=10"], "data.root"),
 ]
 
 
@@ -233,7 +253,7 @@ def test_output_into_a_closed_pipe_ends_quietly(script, flag):
 
 def test_running_out_of_memory_is_one_line_exit_1_and_no_run_folder(tmp_path):
     proc = subprocess.run([sys.executable, str(HERE / "train.py"), "--config", str(HERE / "configs/synthetic_smoke.toml"),
-                           "--set", "model.hidden=1000000000000", f"run.out_dir={tmp_path / 'run'}"],
+                           "--set", "model.mlp.hidden=1000000000000", f"run.out_dir={tmp_path / 'run'}"],
                           capture_output=True, text=True, timeout=120, env=child_env())
     gates.check("a model too big for memory (hidden 1e12): exit code, error lines, traceback, run folder",
                 [proc.returncode, proc.stderr.count("error: out of memory"), "Traceback" in proc.stderr,
@@ -330,7 +350,7 @@ def test_run_folder_holds_the_effective_config_and_run_metadata(smoke):
     meta = json.loads((smoke["out"] / "run.json").read_text())["launches"][0]
     keys = ("git", "torch", "cuda", "device", "hostname", "world_size", "start", "command")
     gates.check("run metadata fields recorded", sum(k in meta for k in keys), "==", len(keys))
-    plain = models.build(smoke["cfg"].model, data.Info(1, 28, 10)).state_dict().keys()
+    plain = models.build(smoke["cfg"].model, data.ImageInfo(1, 28, 10)).state_dict().keys()
     saved_keys = checkpoint.load(smoke["out"] / "last.pt")["model"].keys()
     gates.check("checkpoint keys == a plain model's state_dict keys", set(saved_keys) == set(plain), "==", True)
 
@@ -371,7 +391,7 @@ def test_template_imports_nothing_from_the_repo():
 def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_path):
     copy = Path(shutil.copytree(HERE, tmp_path / "my_project", ignore=shutil.ignore_patterns("runs", "__pycache__")))
     run_dir = copy / "runs" / "synthetic_smoke"  # the config's own relative out_dir, under the copy
-    argv = [sys.executable, "train.py", "--config", "configs/synthetic_smoke.toml", "--set", "train.log_every=1",
+    argv = [sys.executable, "faults.py", "--config", "configs/synthetic_smoke.toml", "--set", "train.log_every=1",
             "data.num_workers=2"]
     env = child_env(TEMPLATE_FAULTS="step_sleep=0.05", PYTHONPATH="")
     code, text = launch(argv, cwd=copy, env=env, kill_when=reached(run_dir, 5), sig=signal.SIGINT)
@@ -395,9 +415,9 @@ def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_p
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 SWITCHES = {
     "mnist + mlp": {"data.dataset": "mnist"},
-    "mnist + resnet": {"data.dataset": "mnist", "model.name": "resnet", "model.widths": [8, 16, 16],
+    "mnist + resnet": {"data.dataset": "mnist", "model.name": "resnet", "model.resnet.widths": [8, 16, 16],
                        "optim.lr": 1e-2},
-    "fashion_mnist + resnet": {"data.dataset": "fashion_mnist", "model.name": "resnet", "model.widths": [8, 16, 16],
+    "fashion_mnist + resnet": {"data.dataset": "fashion_mnist", "model.name": "resnet", "model.resnet.widths": [8, 16, 16],
                                "optim.lr": 1e-2},
     "synthetic + mlp": {"data.dataset": "synthetic"},
     "imagefolder + mlp": {"data.dataset": "imagefolder", "data.val_size": 100, "train.epochs": 3,
@@ -419,8 +439,9 @@ def test_switching_dataset_or_model_is_a_config_change_and_each_trains(name, tmp
 
 
 # --- exact resume after SIGKILL -------------------------------------------------------------------------------------
-VARIANTS = {"fp32": {}, "grad_accum=4 + bf16": {"train.grad_accum": 4, "train.amp": True},
-            "2 data workers": {"data.num_workers": 2}}
+VARIANTS = {"fp32": TINY, "grad_accum=4 + bf16": {**TINY, "train.grad_accum": 4, "train.amp": True},
+            "2 data workers": {**TINY, "data.num_workers": 2}, "gpt": TINY_LM,
+            "gpt grad_accum=4 + bf16": {**TINY_LM, "train.grad_accum": 4, "train.amp": True}}
 
 
 def mid_epoch_kill_step(rng: random.Random) -> int:
@@ -435,10 +456,10 @@ def sigkilled(tmp_path_factory):
     (in this process meanwhile)."""
     tmp, rng = tmp_path_factory.mktemp("sigkill"), random.Random()
     jobs, results = {}, {}
-    for name, extra in VARIANTS.items():
-        values, kill = {**TINY, **extra}, mid_epoch_kill_step(rng)
+    for name, values in VARIANTS.items():
+        kill = mid_epoch_kill_step(rng)
         run_dir = tmp / name.replace(" ", "_")
-        cmd = [sys.executable, str(HERE / "train.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})]
+        cmd = [sys.executable, str(HERE / "faults.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})]
         env = child_env(TEMPLATE_FAULTS="step_sleep=0.05")
         jobs[name] = (values, kill, run_dir, threading.Thread(target=lambda c=cmd, e=env, r=run_dir, k=kill, n=name:
                                                                results.__setitem__(n, launch(c, env=e,
@@ -477,7 +498,7 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_the_uninterrupted_run(s
 # --- checkpoints that cannot go stale, full disks, corrupt or foreign files -----------------------------------------
 def test_sigkill_between_linking_best_and_last_leaves_best_correct(tmp_path):
     values, run_dir, ref = {**TINY, "train.epochs": 3}, tmp_path / "run", tmp_path / "ref"
-    code, _ = launch([sys.executable, str(HERE / "train.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})],
+    code, _ = launch([sys.executable, str(HERE / "faults.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})],
                      env=child_env(TEMPLATE_FAULTS="kill_between_links=2"))
     assert code == -signal.SIGKILL, code
     best_ahead = checkpoint.step_of(run_dir / "best.pt") > checkpoint.step_of(run_dir / "last.pt")
@@ -612,7 +633,7 @@ def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(t
                                        "model.name": "resnet"})])
     err = capsys.readouterr().err
     gates.check("resume into another model: exit 2 naming model.name", code == 2 and "model.name" in err, "==", True)
-    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "ft"), "model.hidden": 48,
+    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "ft"), "model.mlp.hidden": 48,
                             "checkpoint.init_from": str(run_dir / "last.pt")})])
     err = capsys.readouterr().err
     gates.check("init_from a differently sized model: exit 1 naming the shapes", code == 1 and "shapes differ" in err,
@@ -676,13 +697,17 @@ def test_init_from_accepts_prefixed_keys_of_ddp_and_compiled_models(tmp_path):
 
 
 # --- non-finite loss ------------------------------------------------------------------------------------------------
-def test_nan_at_a_chosen_step_stops_there_names_the_module_and_keeps_the_last_good_checkpoint(tmp_path, capsys,
-                                                                                                monkeypatch):
+NAN_MODULES = {"classify": ["blocks.0.0", "blocks.0.1", "blocks.0.2", "head"],
+               "lm": ["wte", "blocks.0.attn", "blocks.1.mlp.c_fc", "ln_f"]}
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_nan_at_a_chosen_step_stops_there_names_the_module_and_keeps_the_last_good_checkpoint(task, tmp_path, capsys):
     rng = random.Random()
-    step, module = rng.randrange(5, STEPS), rng.choice(["blocks.0.0", "blocks.0.1", "blocks.0.2", "head"])
+    step, module = rng.randrange(5, STEPS), rng.choice(NAN_MODULES[task])
     run_dir = tmp_path / "run"
-    monkeypatch.setenv("TEMPLATE_FAULTS", f"nan_step={step},nan_module={module}")
-    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir)})])
+    code = train.main(["--set", *sets({**TASKS[task], "run.out_dir": str(run_dir)})],
+                      [Faults(nan_step=step, nan_module=module)])
     err = capsys.readouterr().err
     gates.check("exit code after a NaN loss", code, "==", 1)
     gates.check(f"message names the step ({step}) and the module ({module})",
@@ -696,8 +721,8 @@ def test_nan_at_a_chosen_step_stops_there_names_the_module_and_keeps_the_last_go
 
 
 def test_nan_before_any_checkpoint_says_none_was_written_instead_of_naming_last_pt(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("TEMPLATE_FAULTS", "nan_step=2,nan_module=head")  # the first checkpoint would be at step 3
-    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "run")})])
+    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "run")})],
+                      [Faults(nan_step=2, nan_module="head")])  # the first checkpoint would be at step 3
     err = capsys.readouterr().err
     gates.check("NaN before the first checkpoint: exit 1, 'no checkpoint was written yet', no last.pt named",
                 code == 1 and "no checkpoint was written yet" in err and "last.pt" not in err, "==", True)
@@ -705,12 +730,10 @@ def test_nan_before_any_checkpoint_says_none_was_written_instead_of_naming_last_
 
 def test_nan_after_a_checkpoint_advises_init_from_with_a_lower_lr_and_that_run_starts(tmp_path, capsys, monkeypatch):
     run_dir, last = tmp_path / "run", tmp_path / "run" / "last.pt"
-    monkeypatch.setenv("TEMPLATE_FAULTS", "nan_step=5,nan_module=head")
-    train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir)})])
+    train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir)})], [Faults(nan_step=5, nan_module="head")])
     err = capsys.readouterr().err
     gates.check("NaN message names last.pt and advises checkpoint.init_from with a lower optim.lr",
                 f"checkpoint.init_from={last} optim.lr=" in err, "==", True)
-    monkeypatch.delenv("TEMPLATE_FAULTS")
     code = train.main(["--set", *sets({**TINY, "checkpoint.init_from": str(last), "optim.lr": 1e-3,
                                        "train.max_steps": 2, "run.out_dir": str(tmp_path / "lower")})])
     gates.check("exit code of the advised run (init_from last.pt, lower optim.lr, new run.out_dir)", code, "==", 0)
@@ -747,8 +770,8 @@ def test_profiler_window_writes_a_chrome_trace(tmp_path):
 
 
 def test_activation_checkpointing_saves_memory_and_changes_no_gradient():
-    info, x, y = data.Info(1, 28, 10), torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
-    cfg = config.load(None, ["model.depth=4", "model.hidden=256"]).model
+    info, x, y = data.ImageInfo(1, 28, 10), torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    cfg = config.load(None, ["model.mlp.depth=4", "model.mlp.hidden=256"]).model
     grads, saved = {}, {}
     for ckpt in (False, True):
         torch.manual_seed(0)
@@ -768,9 +791,9 @@ def test_fp16_gradscaler_state_survives_a_resume(tmp_path):
     (a fresh scaler would restart at 65536, and the fp16 backward would round differently)."""
     values = {**TINY, "train.amp": True, "train.amp_dtype": "float16", "train.max_steps": 12}
     faults = Faults(inf_grad_step=3)
-    train.run(cfg_of(values, tmp_path / "ref"), faults)
-    train.run(cfg_of({**values, "train.max_steps": 6}, tmp_path / "run"), faults)
-    train.run(cfg_of({**values, "checkpoint.resume": "auto"}, tmp_path / "run"), faults)
+    train.run(cfg_of(values, tmp_path / "ref"), [faults])
+    train.run(cfg_of({**values, "train.max_steps": 6}, tmp_path / "run"), [faults])
+    train.run(cfg_of({**values, "checkpoint.resume": "auto"}, tmp_path / "run"), [faults])
     ref, got = train_records(tmp_path / "ref"), train_records(tmp_path / "run")
     gates.check("fp16: GradScaler scale after the inf gradient (halved from 65536)", ref[6]["scale"], "==", 32768.0)
     gates.check("fp16 resumed at step 6: steps whose loss or scale differs from the uninterrupted run",
@@ -792,9 +815,9 @@ def test_fp16_gradscaler_unscales_before_clipping(tmp_path):
 
 def test_memory_estimate_counts_the_saved_activations_of_the_shipped_config():
     cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [])
-    est = memory.estimate(cfg, data.Info(1, 28, 10), device="cpu")
+    est = memory.estimate(cfg, data.ImageInfo(1, 28, 10), device="cpu")
     micro = cfg.train.batch_size // cfg.train.grad_accum
-    model = models.build(cfg.model, data.Info(1, 28, 10))
+    model = models.build(cfg.model, data.ImageInfo(1, 28, 10))
     x, y = torch.randn(micro, 1, 28, 28), torch.randint(0, 10, (micro,))
     measured = memory.saved_bytes(lambda: torch.nn.functional.cross_entropy(model(x), y), model, x, y)
     gates.check("|estimated / measured bytes saved for backward - 1|, shipped mnist_mlp config",
@@ -806,8 +829,8 @@ def test_memory_estimate_counts_the_saved_activations_of_the_shipped_config():
 @pytest.mark.parametrize("batch", [256, 2048])  # the shipped batch (AdamW's step peaks) and one where backward does
 def test_memory_estimate_within_15_percent_of_the_cpu_step_peak(batch):
     cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [f"train.batch_size={batch}"])
-    est = memory.estimate(cfg, data.Info(1, 28, 10), device="cpu")
-    measured = memory.cpu_step_peak(cfg, data.Info(1, 28, 10))
+    est = memory.estimate(cfg, data.ImageInfo(1, 28, 10), device="cpu")
+    measured = memory.cpu_step_peak(cfg, data.ImageInfo(1, 28, 10))
     gates.check(f"|estimated / measured step peak above resting memory - 1|, mnist_mlp, batch {batch} (CPU)",
                 abs(est["step_peak"] / measured - 1), "<=", 0.15)
 
@@ -815,7 +838,8 @@ def test_memory_estimate_within_15_percent_of_the_cpu_step_peak(batch):
 # --- torchrun: DDP and FSDP2 (two launches cover every distributed gate) ---------------------------------------------
 DIST = {**TINY, "train.batch_size": 64, "train.epochs": 2, "data.synthetic_size": 1024}  # 16 steps an epoch
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-BN_DIST = {**DIST, "model.name": "resnet", "model.widths": [4, 8], "train.epochs": 1, "train.max_steps": 6}
+DIST_LM = {**TINY_LM, "train.batch_size": 64}  # 32 steps, evaluated every 16
+BN_DIST = {**DIST, "model.name": "resnet", "model.resnet.widths": [4, 8], "train.epochs": 1, "train.max_steps": 6}
 
 
 def torchrun(plan: list, tmp: Path, name: str, kill_when=None):
@@ -826,20 +850,23 @@ def torchrun(plan: list, tmp: Path, name: str, kill_when=None):
 
 @pytest.fixture(scope="module")
 def dist_runs(tmp_path_factory):
-    """Launch 1: E (DDP, no dropout, grad_accum=2), A (DDP), F (FSDP, stopped by max_steps), S (DDP, SIGTERM to
-    torchrun at a random step). Launch 2: S resumed under DDP, F and G (a single-process run) resumed under FSDP,
-    B (a BatchNorm ResNet under DDP).
-    Meanwhile, in this process: E's single-process twin with the same global batch, G, and S's and F's checkpoints
-    resumed in a single process."""
+    """Launch 1: E (DDP, no dropout, grad_accum=2), A (DDP), F (FSDP, stopped by max_steps), EL, AL and FL (the
+    same three for the GPT, FL not stopped), S (DDP, SIGTERM to torchrun at a random step). Launch 2: S resumed under
+    DDP, F and G (a single-process run) resumed under FSDP, B (a BatchNorm ResNet under DDP).
+    Meanwhile, in this process: E's and EL's single-process twins with the same global batch, G, and S's and F's
+    checkpoints resumed in a single process."""
     tmp, rng = tmp_path_factory.mktemp("dist"), random.Random()
-    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G", "B")}
+    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G", "B", "EL", "AL", "FL", "EL1")}
     audit = tmp / "audit"
     audit.mkdir()
-    e_vals = {**DIST, "model.dropout": 0.0}
+    e_vals, el_vals = {**DIST, "model.mlp.dropout": 0.0}, {**DIST_LM, "model.gpt.dropout": 0.0}
     plan1 = [{"set": sets({**e_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["E"])}),
-              "faults": f"audit_writes={audit}"},
+              "faults": f"audit_writes={audit},grad_syncs={audit}"},
              {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["A"])})},
              {"set": sets({**DIST, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["F"])})},
+             {"set": sets({**el_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["EL"])})},
+             {"set": sets({**DIST_LM, "train.strategy": "ddp", "run.out_dir": str(dirs["AL"])})},
+             {"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs["FL"])})},
              {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["S"])}),
               "faults": "step_sleep=0.05"}]
     stop_at = rng.randrange(5, 2 * 16 - 4)
@@ -848,6 +875,7 @@ def dist_runs(tmp_path_factory):
         1, torchrun(plan1, tmp, "launch1", kill_when=reached(dirs["S"], stop_at))))
     launcher.start()
     train.run(cfg_of(e_vals, dirs["E1"]))  # one process, the same global batch of 64
+    train.run(cfg_of(el_vals, dirs["EL1"]))
     train.run(cfg_of({**DIST, "train.max_steps": 8}, dirs["G"]))  # a single-process checkpoint for FSDP to resume
     launcher.join()
     for k in ("S", "F"):
@@ -874,21 +902,25 @@ def max_loss_diff(a: Path, b: Path, steps=None) -> float:
     return max(abs(ra[s]["loss"] - rb[s]["loss"]) for s in (steps or ra))
 
 
-def test_ddp_two_ranks_of_batch_b_match_one_process_of_batch_2b(dist_runs):
-    d = dist_runs["dirs"]
+DIST_DIRS = {"classify": {"ddp": "E", "single": "E1", "ddp_dropout": "A", "fsdp": "F"},  # run folders by task
+             "lm": {"ddp": "EL", "single": "EL1", "ddp_dropout": "AL", "fsdp": "FL"}}
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_ddp_two_ranks_of_batch_b_match_one_process_of_batch_2b(dist_runs, task):
+    d, runs = dist_runs["dirs"], DIST_DIRS[task]
     assert dist_runs["launch"][1][0] != 0  # torchrun was stopped by SIGTERM
-    gates.check("DDP (2 ranks x 32, grad_accum 2) vs 1 process x 64: max |loss diff| over 32 steps",
-                max_loss_diff(d["E"], d["E1"]), "<=", 1e-5)
-    a, b = checkpoint.load(d["E"] / "last.pt")["model"], checkpoint.load(d["E1"] / "last.pt")["model"]
-    gates.check("DDP vs 1 process: max |weight diff| after 32 steps",
+    gates.check(f"{task}: DDP (2 ranks x 32, grad_accum 2) vs 1 process x 64: max |loss diff| over 32 steps",
+                max_loss_diff(d[runs["ddp"]], d[runs["single"]]), "<=", 1e-5)
+    a, b = (checkpoint.load(d[runs[k]] / "last.pt")["model"] for k in ("ddp", "single"))
+    gates.check(f"{task}: DDP vs 1 process: max |weight diff| after 32 steps",
                 max((a[k] - b[k]).abs().max().item() for k in a), "<=", 1e-4)
 
 
 def test_ddp_all_reduces_gradients_once_per_optimizer_step_with_accumulation(dist_runs):
-    rec = train_records(dist_runs["dirs"]["E"])
-    last = max(rec)
+    counts = json.loads((dist_runs["audit"] / "grad-syncs-rank0.json").read_text())  # the grad_syncs drill
     gates.check("DDP gradient all-reduces per optimizer step (grad_accum=2: no_sync on the first micro-batch)",
-                rec[last]["grad_syncs"] / last, "==", 1.0)
+                counts["syncs"] / counts["steps"], "==", 1.0)
 
 
 def test_only_rank_0_writes_files(dist_runs):
@@ -930,23 +962,29 @@ def test_ddp_validation_figures_are_those_of_the_saved_batchnorm_model(dist_runs
     best = checkpoint.load(run_dir / "best.pt")
     model.load_state_dict(best["model"])  # rank 0's running statistics
     loader, weights = data.eval_loaders(splits, 64, 0, 1, 0, False)["val"]
-    loss, _ = train.evaluate(model, loader, weights, torch.device("cpu"), models.autocast(cfg.train, "cpu"),
-                             distributed.Dist())
+    metrics = train.evaluate(model, tasks.for_data(splits.info), loader, weights, torch.device("cpu"),
+                             models.autocast(cfg.train, "cpu"), distributed.Dist())
     gates.check("ResNet (BatchNorm) under DDP: |best.pt's val loss in one process / the logged one - 1|",
-                abs(loss / best["best"]["val_loss"] - 1), "<=", 1e-6)
+                abs(metrics["loss"] / best["best"]["val_loss"] - 1), "<=", 1e-6)
 
 
-def test_fsdp_trains_like_ddp_and_its_checkpoint_is_plain(dist_runs):
+@pytest.mark.parametrize("task", TASKS)
+def test_fsdp_trains_like_ddp_and_its_checkpoint_loads_into_a_plain_model(dist_runs, task):
+    d, runs = dist_runs["dirs"], DIST_DIRS[task]
+    gates.check(f"{task}: FSDP2 vs DDP: max |loss diff| over the first 12 steps",
+                max_loss_diff(d[runs["fsdp"]], d[runs["ddp_dropout"]], range(1, 13)), "<=", 1e-5)
+    saved = checkpoint.load(dist_runs["fsdp_ckpt"] if task == "classify" else d["FL"] / "last.pt")
+    prefixed = [k for k in saved["model"] if k.startswith(("module.", "_orig_mod."))]
+    gates.check(f"{task}: FSDP checkpoint keys with a module./_orig_mod. prefix", prefixed, "==", [])
+    cfg = config.load(None, sets(DIST if task == "classify" else DIST_LM))
+    plain = models.build(cfg.model, data.build(cfg.data, 0).info)
+    plain.load_state_dict(saved["model"])  # strict: every key and every shape of a plain model
+
+
+def test_fsdp_checkpoints_resume_under_fsdp_and_in_one_process_and_vice_versa(dist_runs):
     d = dist_runs["dirs"]
-    gates.check("FSDP2 vs DDP: max |loss diff| over the first 12 steps", max_loss_diff(d["F"], d["A"], range(1, 13)),
-                "<=", 1e-5)
     gates.check("FSDP2 stopped at step 12, resumed under FSDP2, vs DDP: max |loss diff| over steps 13-32",
                 max_loss_diff(d["F"], d["A"], range(13, 33)), "<=", 1e-4)
-    saved = checkpoint.load(dist_runs["fsdp_ckpt"])
-    prefixed = [k for k in saved["model"] if k.startswith(("module.", "_orig_mod."))]
-    gates.check("FSDP checkpoint keys with a module./_orig_mod. prefix", prefixed, "==", [])
-    plain = models.build(config.load(None, sets(DIST)).model, data.Info(1, 28, 10))
-    plain.load_state_dict(saved["model"])  # strict: every key and every shape of a plain model
     gates.check("FSDP checkpoint resumed in a plain single process: final step", dist_runs["single"]["F"]["step"],
                 "==", 32)
     gates.check("single-process checkpoint resumed under FSDP2 (2 ranks): final step",
@@ -954,8 +992,9 @@ def test_fsdp_trains_like_ddp_and_its_checkpoint_is_plain(dist_runs):
 
 
 # --- the troubleshooting toolkit (troubleshoot/, doctor.py): each tool finds its fault, and nothing when clean -----
-INFO = data.Info(1, 28, 10)
-TOOL_MODELS = {"mlp": ["model.depth=2", "model.hidden=32"], "resnet": ["model.name=resnet", "model.widths=[4, 8, 8]"]}
+INFO = data.ImageInfo(1, 28, 10)
+TOOL_MODELS = {"mlp": ["model.mlp.depth=2", "model.mlp.hidden=32"],
+               "resnet": ["model.name=resnet", "model.resnet.widths=[4, 8, 8]"]}
 
 
 def tool_model(name: str, *breaks) -> torch.nn.Module:
@@ -1117,17 +1156,25 @@ def test_data_vs_step_flags_a_slow_loader_as_data_bound(tmp_path):
                 0.20)
 
 
+class ItemInAHook(train.Hook):
+    """A forward hook on the head that reads a value back with .item(): one more host sync per step."""
+
+    def attach(self, model, module, progress):
+        model.head.register_forward_hook(self.read_back)
+
+    @staticmethod
+    def read_back(module, args, out):
+        if out.sum().item():
+            print(end="")
+
+
 def test_host_syncs_per_step_counts_one_in_the_template_and_an_added_item(tmp_path):
     counts = {}
     for name, extra in (("template", False), ("+ .item() in a hook", True)):
         syncs = ts.HostSyncs(torch.device("cpu"))
-        model_fault = Faults()
-        if extra:
-            model_fault.install = lambda model, step_now: model.head.register_forward_hook(
-                lambda m, a, out: print(end="") if out.sum().item() else None)
         with syncs:
             train.run(cfg_of({**TINY, "train.max_steps": 6, "checkpoint.every_steps": 0},  # a save copies to the host
-                             tmp_path / name.replace(" ", "_")), model_fault)
+                             tmp_path / name.replace(" ", "_")), [ItemInAHook()] if extra else [])
         counts[name] = (syncs.per_step()[0], syncs.sites())
     gates.check("host syncs in a typical step of train.py's loop", counts["template"][0], "==", 1)
     gates.check("host syncs in a typical step with a forward hook calling .item()", counts["+ .item() in a hook"][0],
@@ -1198,7 +1245,7 @@ def test_cuda_peak_memory_within_15_percent_of_the_estimate(tmp_path):
                                                                    "run.out_dir": str(tmp_path / "run")}))
     torch.cuda.reset_peak_memory_stats()
     train.run(cfg)
-    est = memory.estimate(cfg, data.Info(1, 28, 10), device="cuda")
+    est = memory.estimate(cfg, data.ImageInfo(1, 28, 10), device="cuda")
     peak = torch.cuda.max_memory_allocated()
     gates.check("|CUDA max_memory_allocated / (estimate + measured cuBLAS workspace) - 1|, mnist_mlp config",
                 abs(peak / (est["peak"] + workspace) - 1), "<=", 0.15)
@@ -1210,7 +1257,7 @@ def test_torch_compile_on_cuda_matches_eager_and_saves_plain_keys(tmp_path):
     for compiled in (False, True):
         out = tmp_path / f"compile-{compiled}"
         train.run(config.load(str(HERE / "configs/mnist_mlp.toml"), sets({  # no dropout: the same math both ways
-            **CUDA_MNIST, "train.max_steps": 20, "model.dropout": 0.0, "model.compile": compiled,
+            **CUDA_MNIST, "train.max_steps": 20, "model.mlp.dropout": 0.0, "model.compile": compiled,
             "run.out_dir": str(out)})))
         losses[compiled] = train_records(out)[16]["loss"]
         keys = checkpoint.load(out / "last.pt")["model"]
@@ -1227,7 +1274,9 @@ def dist_driver(plan_file: str) -> int:
     dist.init_process_group("gloo")
     for item in json.loads(Path(plan_file).read_text()):
         try:
-            train.run(config.load(None, item["set"]), Faults.from_env(item.get("faults", "")))
+            drills = Faults.from_env(item.get("faults", ""))
+            drills.install_process_drills()
+            train.run(config.load(None, item["set"]), [drills])
         except train.Stopped as exc:
             return exc.code
     dist.destroy_process_group()

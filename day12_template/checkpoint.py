@@ -19,7 +19,7 @@ import torch
 
 import config
 
-FORMAT = "day12-template/1"
+FORMAT = "day12-template/2"  # 2: a config table per model, the task's metrics
 
 
 class CheckpointError(RuntimeError):
@@ -106,14 +106,12 @@ def copy(src: Path, dst: Path) -> None:
         raise CheckpointError(f"could not copy {src} to {dst} ({_reason(exc)}); is the disk full?") from None
 
 
-def save(payload: dict, run_dir: Path, keep_last: int, is_best: bool, between_links=None) -> Path:
+def save(payload: dict, run_dir: Path, keep_last: int, is_best: bool) -> Path:
     """Write ckpt-<step>.pt, link best.pt (first) and last.pt to it, delete all but the newest `keep_last`."""
     path = run_dir / f"ckpt-{payload['step']:08d}.pt"
     atomic_save(payload, path)
     if is_best:
         link(path, run_dir / "best.pt")
-        if between_links:
-            between_links()  # fault drills only: a SIGKILL lands here
     link(path, run_dir / "last.pt")
     for old in sorted(run_dir.glob("ckpt-*.pt"))[:-keep_last]:  # zero-padded names sort by step
         old.unlink()

@@ -7,6 +7,7 @@ nothing. Each field carries its one-line *why*; `python train.py --help-config` 
 import argparse
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import operator
@@ -18,8 +19,6 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DATASETS = ("mnist", "fashion_mnist", "synthetic", "imagefolder")
-MODELS = ("mlp", "resnet")  # models.BUILDERS holds one function per name
 BOUNDS = (("gt", operator.gt, ">"), ("ge", operator.ge, ">="), ("lt", operator.lt, "<"), ("le", operator.le, "<="))
 INT64 = (-2**63, 2**63 - 1)  # every integer field: what torch and NumPy can hold (no C++ overflow further down)
 
@@ -32,6 +31,23 @@ def opt(default, why: str, *, gt=None, ge=None, lt=None, le=None, choices=None, 
     """A field with its reason, its allowed values and whether a resumed run may change it (`safe`)."""
     return field(default=default, metadata={"why": why, "gt": gt, "ge": ge, "lt": lt, "le": le, "choices": choices,
                                             "safe": safe})
+
+
+def registries():
+    """(models.MODELS, data.DATASETS): name -> what was registered. Imported on first use, not at the top, because
+    models.py imports this module for `opt` (each model declares its own config table)."""
+    import data
+    import models
+
+    return models.MODELS, data.DATASETS
+
+
+def dataset_names() -> tuple[str, ...]:
+    return tuple(registries()[1])
+
+
+def model_names() -> tuple[str, ...]:
+    return tuple(registries()[0])
 
 
 @dataclass
@@ -48,44 +64,55 @@ class Run:
 
 @dataclass
 class Data:
-    dataset: str = opt("mnist", "which data: mnist | fashion_mnist | synthetic | imagefolder", choices=DATASETS)
-    root: str = opt("", "folder holding the files; '' = the repo's bundle or the system copy (imagefolder: "
+    dataset: str = opt("mnist", "which data (data.py's registry): mnist | fashion_mnist | synthetic | imagefolder "
+                       "(images) | shakespeare | tokens (text)", choices=dataset_names)
+    root: str = opt("", "folder holding the files; '' = the repo's bundle or the system copy (imagefolder, tokens: "
                     "required)", safe=True)
-    val_size: int = opt(5000, "training images held out for validation: model selection and early stopping, "
-                        "never the test set", ge=1)
-    subset: int = opt(0, "0 = every training image; N = only the first N (smoke runs)", ge=0)
+    val_size: int = opt(5000, "images: training images held out for validation (model selection, early "
+                        "stopping), never the test set", ge=1)
+    subset: int = opt(0, "0 = all the training data; N = only the first N images or tokens (smoke runs)", ge=0)
     image_size: int = opt(28, "imagefolder/synthetic: square side length the images are resized to", gt=0)
     channels: int = opt(1, "imagefolder/synthetic: 1 = grayscale, 3 = RGB", choices=(1, 3))
     augment: bool = opt(False, "imagefolder: random resized crops, seeded per (epoch, sample) so resume stays exact")
     synthetic_size: int = opt(8192, "synthetic: generated training images (class prototypes + noise)", gt=0)
+    block_size: int = opt(64, "text: tokens per training window (the context the model learns from)", gt=0)
+    eval_windows: int = opt(256, "text: windows per evaluation, evenly spaced over the split, the same each time; "
+                            "0 = every non-overlapping window", ge=0)
     num_workers: int = opt(0, "DataLoader worker processes: in-memory datasets need none, image files want 2-8",
                            ge=0, le=256, safe=True)  # each one is a process: a million of them is an OOM kill
     pin_memory: bool = opt(True, "page-locked host batches for asynchronous copies to CUDA (ignored elsewhere)",
                            safe=True)
 
 
+def default_tables() -> dict:
+    return {name: entry.table() for name, entry in registries()[0].items()}
+
+
 @dataclass
 class Model:
-    name: str = opt("mlp", "mlp (Day 4) | resnet (Day 9); a new model is one function in models.py",
-                    choices=MODELS)
-    hidden: int = opt(512, "mlp: width of each hidden layer", gt=0)
-    depth: int = opt(1, "mlp: hidden blocks (Linear-LayerNorm-GELU-Dropout)", gt=0)
-    dropout: float = opt(0.1, "mlp: dropout after each hidden block; it is what makes restoring the RNG necessary",
-                         ge=0, lt=1)
-    widths: tuple[int, ...] = opt((16, 32, 64), "resnet: channels per stage (one BasicBlock each, stride 2 after "
-                                  "the first)", gt=0)
+    """The fields every model has; each model's own hyperparameters are in its table, `[model.<name>]` (declared
+    next to the model in models.py): `cfg.model.gpt.n_layer`."""
+    name: str = opt("mlp", "mlp (Day 4) | resnet (Day 9) | gpt (a language model); a new model is one registered "
+                    "function in models.py", choices=model_names)
     channels_last: bool = opt(False, "NHWC memory layout: faster convolutions on tensor cores and CPUs", safe=True)
     activation_checkpointing: bool = opt(False, "recompute each block during backward instead of keeping its "
                                          "activations: less memory, ~30% more compute", safe=True)
     compile: bool = opt(False, "torch.compile the model: faster steps after a compile warm-up (needs a C++ "
                         "compiler; Triton on CUDA)", safe=True)
+    tables: dict = field(default_factory=default_tables, repr=False)
+
+    def __getattr__(self, name: str):
+        tables = self.__dict__.get("tables", {})
+        if name in tables:
+            return tables[name]
+        raise AttributeError(f"model has no field or table {name!r}")
 
 
 @dataclass
 class Optim:
     lr: float = opt(3e-3, "peak learning rate, reached at the end of the warmup", gt=0)
-    weight_decay: float = opt(0.05, "AdamW's decoupled decay, on weight matrices only (not biases or norm gains)",
-                              ge=0)
+    weight_decay: float = opt(0.05, "AdamW's decoupled decay, on weight matrices only (not biases, norm gains or "
+                              "embeddings' positions)", ge=0)
     betas: tuple[float, ...] = opt((0.9, 0.999), "AdamW's moment decay rates (first, second)", ge=0, lt=1)
     warmup_ratio: float = opt(0.05, "share of all optimizer steps spent ramping the LR up: early steps on random "
                               "weights are the unstable ones", ge=0, lt=1)
@@ -95,9 +122,13 @@ class Optim:
 
 @dataclass
 class Train:
-    epochs: int = opt(8, "passes over the training set; the cosine spans them all", gt=0, safe=True)
-    batch_size: int = opt(256, "samples per optimizer step over all ranks and micro-batches (the global batch)",
-                          gt=0)
+    epochs: int = opt(8, "images: passes over the training set; the cosine spans them all", gt=0, safe=True)
+    steps: int = opt(0, "text: optimizer steps of the whole run (the cosine spans them, as nanoGPT's max_iters); "
+                     "images leave it 0 and train for epochs", ge=0, safe=True)
+    eval_every: int = opt(0, "text: optimizer steps between evaluations (each also checkpoints); 0 = only at the "
+                          "end. Images evaluate once per epoch", ge=0, safe=True)
+    batch_size: int = opt(256, "samples (images or windows) per optimizer step over all ranks and micro-batches "
+                          "(the global batch)", gt=0)
     grad_accum: int = opt(1, "micro-batches per optimizer step on each rank: one forward sees batch_size / "
                           "(grad_accum x world size) samples", gt=0, safe=True)
     amp: bool = opt(False, "autocast the forward pass to amp_dtype (weights, gradients, AdamW moments stay fp32); "
@@ -108,7 +139,8 @@ class Train:
                         "parameters, gradients, moments sharded)", choices=("ddp", "fsdp"), safe=True)
     early_stop_patience: int = opt(0, "stop after this many evaluations without a better validation loss; 0 = off",
                                    ge=0, safe=True)
-    max_steps: int = opt(0, "0 = no cap; N = end after N optimizer steps in total (smoke runs)", ge=0, safe=True)
+    max_steps: int = opt(0, "0 = no cap; N = end after N optimizer steps in total, the schedule unchanged (smoke "
+                         "runs)", ge=0, safe=True)
     log_every: int = opt(50, "optimizer steps between training records: each costs a host sync", gt=0, safe=True)
     progress: str = opt("auto", "auto = a tqdm bar on a terminal, one line per epoch otherwise | bar | off",
                         choices=("auto", "bar", "off"), safe=True)
@@ -120,8 +152,8 @@ class Checkpoint:
                       safe=True)
     init_from: str = opt("", "fine-tune: take only the model weights from this checkpoint (any strategy or world "
                          "size)")
-    every_steps: int = opt(0, "also checkpoint every N optimizer steps, not only at epoch ends (0 = off): what a "
-                           "kill can cost", ge=0, safe=True)
+    every_steps: int = opt(0, "also checkpoint every N optimizer steps, not only after evaluations (0 = off): what "
+                           "a kill can cost", ge=0, safe=True)
     keep_last: int = opt(3, "step checkpoints kept besides best.pt; older ones are deleted", ge=1, safe=True)
 
 
@@ -146,23 +178,33 @@ class Config:
 
 
 # -- field table ------------------------------------------------------------------------------------------------
-def fields_of(cfg_cls=Config):
-    """(dotted key, dataclass field, type) for every field: `optim.lr`, ..."""
-    for section in dataclasses.fields(cfg_cls):
-        cls = section.default_factory
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            yield f"{section.name}.{f.name}", f, hints[f.name]
+def _leaf_fields(prefix: str, cls):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name != "tables":
+            yield f"{prefix}.{f.name}", f, hints[f.name]
 
 
-FIELDS = {key: (f, hint) for key, f, hint in fields_of()}
-SAFE_ON_RESUME = tuple(k for k, (f, _) in FIELDS.items() if f.metadata["safe"])
+@functools.cache
+def fields() -> dict:
+    """{dotted key: (dataclass field, type)} for every field: `optim.lr`, ..., and each model's table,
+    `model.gpt.n_layer`."""
+    table = {}
+    for section in dataclasses.fields(Config):
+        table.update((key, (f, hint)) for key, f, hint in _leaf_fields(section.name, section.default_factory))
+    for name, entry in registries()[0].items():
+        table.update((key, (f, hint)) for key, f, hint in _leaf_fields(f"model.{name}", entry.table))
+    return table
+
+
+def safe_on_resume() -> tuple[str, ...]:
+    return tuple(k for k, (f, _) in fields().items() if f.metadata["safe"])
 
 
 def describe() -> str:
     """Every field with its default and its reason (`--help-config`, and the README's table)."""
     rows = []
-    for key, (f, _) in FIELDS.items():
+    for key, (f, _) in fields().items():
         rows.append(f"{key} = {to_toml(f.default)}\n    {f.metadata['why']}"
                     + ("  [may change on resume]" if f.metadata["safe"] else ""))
     return "\n".join(rows)
@@ -202,9 +244,10 @@ def check_bounds(key: str, value, meta) -> None:
             if meta[name] is not None and not test(x, meta[name]):
                 allowed = " and ".join(f"{w} {meta[n]}" for n, _, w in BOUNDS if meta[n] is not None)
                 raise ConfigError(f"{key} must be {allowed}, got {value!r}")
-        if meta["choices"] and x not in meta["choices"]:
-            choices = " | ".join(map(str, meta["choices"]))
-            raise ConfigError(f"{key} must be one of {choices}; got {x!r}{nearest(str(x), map(str, meta['choices']))}")
+        allowed = meta["choices"]() if callable(meta["choices"]) else meta["choices"]  # a registry's names
+        if allowed and x not in allowed:
+            raise ConfigError(f"{key} must be one of {' | '.join(map(str, allowed))}; got {x!r}"
+                              f"{nearest(str(x), map(str, allowed))}")
 
 
 def nearest(word: str, candidates) -> str:
@@ -213,24 +256,35 @@ def nearest(word: str, candidates) -> str:
 
 
 def unknown_key(key: str) -> ConfigError:
-    by_leaf = [k for k in FIELDS if k.split(".")[-1] == key.split(".")[-1]]  # `lr` -> `optim.lr`
-    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, FIELDS)
+    by_leaf = [k for k in fields() if k.split(".")[-1] == key.split(".")[-1]]  # `lr` -> `optim.lr`
+    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, fields())
     return ConfigError(f"unknown config key `{key}`{hint}")
 
 
 # -- building a Config -----------------------------------------------------------------------------------------
 def flatten(table: dict, where: str = "") -> dict:
-    """{"optim": {"lr": 1e-3}} -> {"optim.lr": 1e-3}; a section given as a value (or vice versa) is an error."""
+    """{"optim": {"lr": 1e-3}, "model": {"gpt": {"n_layer": 4}}} -> {"optim.lr": 1e-3, "model.gpt.n_layer": 4};
+    a table that holds no field (`[optimizer]`) is an error."""
     flat = {}
     for name, value in table.items():
         key = f"{where}{name}"
         if isinstance(value, dict):
-            if where or key not in {k.split(".")[0] for k in FIELDS}:
+            if not any(k.startswith(key + ".") for k in fields()):
                 raise unknown_key(key)
             flat.update(flatten(value, key + "."))
         else:
             flat[key] = value
     return flat
+
+
+def owner(cfg: Config, key: str):
+    """(the section or model table holding `key`, the field's name): `model.gpt.n_layer` -> (cfg.model.gpt,
+    "n_layer")."""
+    *path, name = key.split(".")
+    obj = cfg
+    for part in path:
+        obj = getattr(obj, part)
+    return obj, name
 
 
 def parse_override(item: str) -> tuple[str, object]:
@@ -249,13 +303,12 @@ def build(values: dict) -> Config:
     """A checked Config from dotted keys (file values first, overrides after)."""
     cfg = Config()
     for key, value in values.items():
-        if key not in FIELDS:
+        if key not in fields():
             raise unknown_key(key)
-        f, hint = FIELDS[key]
+        f, hint = fields()[key]
         value = coerce(key, value, hint)
         check_bounds(key, value, f.metadata)
-        section, name = key.split(".")
-        setattr(getattr(cfg, section), name, value)
+        setattr(*owner(cfg, key), value)
     check_combinations(cfg)
     return cfg
 
@@ -272,6 +325,9 @@ def check_combinations(cfg: Config, world_size: int | None = None) -> None:
                           f"applies to imagefolder and synthetic only")
     if cfg.data.dataset == "imagefolder" and not cfg.data.root:
         raise ConfigError("data.root: imagefolder needs the folder holding train/<class>/<image> files")
+    if cfg.data.dataset == "tokens" and not cfg.data.root:
+        raise ConfigError("data.root: tokens needs the folder holding train.bin, val.bin and meta.json/meta.pkl")
+    check_task(cfg)
     if cfg.data.augment and cfg.data.dataset != "imagefolder":
         raise ConfigError("data.augment applies to imagefolder only")
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.run.device):
@@ -280,6 +336,25 @@ def check_combinations(cfg: Config, world_size: int | None = None) -> None:
         raise ConfigError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
     if not cfg.run.out_dir:
         raise ConfigError("run.out_dir must name a folder")
+
+
+def check_task(cfg: Config) -> None:
+    """The model and the data must learn the same task, and text trains for steps where images train for epochs;
+    then the model's own table checks itself (`check()`, if it has one)."""
+    model_entry, data_entry = registries()[0][cfg.model.name], registries()[1][cfg.data.dataset]
+    if model_entry.task != data_entry.task:
+        raise ConfigError(f"model.name={cfg.model.name} learns the {model_entry.task!r} task but data.dataset="
+                          f"{cfg.data.dataset} is {data_entry.task!r} data; models for it: " + ", ".join(
+                              n for n, e in registries()[0].items() if e.task == data_entry.task))
+    if data_entry.task == "lm" and not cfg.train.steps:
+        raise ConfigError(f"train.steps: {cfg.data.dataset} is text, trained for a number of optimizer steps; set "
+                          f"train.steps (and train.eval_every)")
+    if data_entry.task != "lm" and (cfg.train.steps or cfg.train.eval_every):
+        raise ConfigError(f"train.steps/train.eval_every apply to text; {cfg.data.dataset} images train for "
+                          f"train.epochs and evaluate once per epoch")
+    table = getattr(cfg.model, cfg.model.name)
+    if hasattr(table, "check"):
+        table.check(cfg)
 
 
 def check_out_dir(cfg: Config) -> None:
@@ -368,7 +443,15 @@ def load(path: str | None, overrides: list[str]) -> Config:
 
 
 def to_dict(cfg: Config) -> dict:
-    return dataclasses.asdict(cfg)
+    """{"run": {...}, ..., "model": {"name": ..., "mlp": {...}, "gpt": {...}}, ...}: the TOML layout."""
+    out = dataclasses.asdict(cfg)
+    out["model"].update(out["model"].pop("tables"))
+    return out
+
+
+def flat_values(cfg: Config) -> dict:
+    """{dotted key: value} for every field."""
+    return {key: getattr(*owner(cfg, key)) for key in fields()}
 
 
 def from_dict(d: dict) -> Config:
@@ -386,22 +469,38 @@ def to_toml(value) -> str:
 
 
 def dump_toml(cfg: Config) -> str:
-    """The effective config as TOML, readable back by `--config`."""
-    lines = []
+    """The effective config as TOML, readable back by `--config`: every section, and the chosen model's table."""
+    sections = []
     for section, values in to_dict(cfg).items():
+        sections.append((section, values))
+        if section == "model":
+            sections.append((f"model.{cfg.model.name}", values[cfg.model.name]))
+    lines = []
+    for section, values in sections:
         lines.append(f"[{section}]")
-        lines += [f"{name} = {to_toml(value)}" for name, value in values.items()]
+        lines += [f"{name} = {to_toml(value)}" for name, value in values.items() if not isinstance(value, dict)]
         lines.append("")
     return "\n".join(lines)
 
 
-def differences(saved: dict, now: Config, ignore=SAFE_ON_RESUME) -> list[str]:
+def _flat(table: dict, where: str = "") -> dict:
+    """flatten() without the checks: for configs saved by other versions, whose keys may be gone."""
+    flat = {}
+    for name, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{where}{name}."))
+        else:
+            flat[f"{where}{name}"] = value
+    return flat
+
+
+def differences(saved: dict, now: Config) -> list[str]:
     """`key: saved -> now` for every field that differs, leaving out the ones safe to change on resume."""
-    before = dict(flatten(saved)) if saved else {}
-    after = flatten(to_dict(now))
+    before = _flat(saved) if saved else {}
+    after = flat_values(now)
     diffs = []
-    for key in FIELDS:
-        if key in ignore:
+    for key in fields():
+        if key in safe_on_resume():
             continue
         old, new = before.get(key), after[key]
         if isinstance(old, list):

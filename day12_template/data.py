@@ -1,14 +1,19 @@
 """Datasets by config (`data.dataset`), and the sampler that makes resume exact on any number of ranks.
 
 Every dataset answers `batch(epoch, indices) -> (x, y)`: whole micro-batches, so in-memory data is sliced instead
-of collated sample by sample, and augmentation can be seeded by (epoch, sample) instead of by the worker.
+of collated sample by sample, and augmentation can be seeded by (epoch, sample) instead of by the worker. Each one
+describes itself (`Splits.info`): `ImageInfo` (channels, size, classes: the `classify` task) or `TextInfo`
+(vocabulary, window: the `lm` task).
 
     mnist          the repo's bundle (../data/mnist/*.gz) or data.root, MD5-checked; torchvision's download last
     fashion_mnist  data.root, or Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), or download
     synthetic      generated: one random prototype image per class + noise (smoke tests, benchmarks)
     imagefolder    data.root/train/<class>/<image> (+ optional val/ and test/): your own images
+    shakespeare    the repo's bundle (../data/shakespeare: 42 works, SHA-256-checked) as bytes; whole works held out
+    tokens         data.root/{train,val[,test]}.bin + meta.json|meta.pkl: nanoGPT's token files, memory-mapped
 
-A new dataset is one function returning `Splits` (see `synthetic`); register it in BUILDERS and config.DATASETS.
+A new dataset is one function returning `Splits`, registered: `@register("name", task="classify")` (see
+`synthetic`); text.py holds the text datasets' files and windows.
 """
 import functools
 import gzip
@@ -17,10 +22,13 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+import text
 
 HERE = Path(__file__).resolve().parent
 SPLIT_SEED = 1234  # the validation split never changes with the training seed
@@ -51,10 +59,19 @@ class DataError(RuntimeError):
 
 
 @dataclass
-class Info:
+class ImageInfo:
     channels: int
     size: int
     num_classes: int
+    task = "classify"
+
+
+@dataclass
+class TextInfo:
+    vocab_size: int
+    block_size: int  # tokens per window
+    bytes_per_token: torch.Tensor | None = None  # (vocab_size,) UTF-8 bytes of each token id: bits per byte
+    task = "lm"
 
 
 @dataclass
@@ -62,7 +79,24 @@ class Splits:
     train: "BatchData"
     val: "BatchData"
     test: "BatchData | None"
-    info: Info
+    info: ImageInfo | TextInfo
+
+
+@dataclass(frozen=True)
+class Registered:
+    build: Callable  # (the [data] section, the run's seed) -> Splits
+    task: str  # what its samples teach: a name in tasks.TASKS
+
+
+DATASETS: dict[str, Registered] = {}
+
+
+def register(name: str, task: str):
+    """Decorator: `build` becomes dataset `name` (`data.dataset = "name"`)."""
+    def add(build: Callable) -> Callable:
+        DATASETS[name] = Registered(build, task)
+        return build
+    return add
 
 
 class BatchData:
@@ -152,15 +186,18 @@ def subset(indices: torch.Tensor, n: int) -> torch.Tensor:
     return indices[:n] if n else indices
 
 
+@register("mnist", task="classify")
+@register("fashion_mnist", task="classify")
 def idx_dataset(cfg, seed: int) -> Splits:
     x, y, x_test, y_test = load_idx(cfg.dataset, cfg.root)
     mean, std = STATS[cfg.dataset]
     train, val = split_val(len(y), cfg.val_size)
     train = subset(train, cfg.subset)
     return Splits(TensorData(x[train], y[train], mean, std), TensorData(x[val], y[val], mean, std),
-                  TensorData(x_test, y_test, mean, std), Info(1, 28, 10))
+                  TensorData(x_test, y_test, mean, std), ImageInfo(1, 28, 10))
 
 
+@register("synthetic", task="classify")
 def synthetic(cfg, seed: int) -> Splits:
     """Ten random prototype images and noisy copies of them: learnable in a few hundred steps, no files needed."""
     g = torch.Generator().manual_seed(SPLIT_SEED)  # the same data whatever the training seed
@@ -172,7 +209,7 @@ def synthetic(cfg, seed: int) -> Splits:
         return TensorData(protos[y] + 5.0 * torch.randn(n, *shape, generator=g), y)
 
     train = make(cfg.subset or cfg.synthetic_size)
-    return Splits(train, make(cfg.val_size), make(cfg.val_size), Info(cfg.channels, cfg.image_size, 10))
+    return Splits(train, make(cfg.val_size), make(cfg.val_size), ImageInfo(cfg.channels, cfg.image_size, 10))
 
 
 # -- your own images ---------------------------------------------------------------------------------------------
@@ -229,6 +266,7 @@ def list_images(folder: Path, classes: list[str] | None = None):
     return found, files, labels
 
 
+@register("imagefolder", task="classify")
 def imagefolder(cfg, seed: int) -> Splits:
     root = Path(cfg.root)
     if not (root / "train").is_dir():
@@ -253,15 +291,31 @@ def imagefolder(cfg, seed: int) -> Splits:
     elif cfg.subset:
         files, labels = files[:cfg.subset], labels[:cfg.subset]
     train = ImageFolderData(files, labels, cfg, seed, True)
-    return Splits(train, val, part(root / "test"), Info(cfg.channels, cfg.image_size, len(classes)))
+    return Splits(train, val, part(root / "test"), ImageInfo(cfg.channels, cfg.image_size, len(classes)))
 
 
-BUILDERS = {"mnist": idx_dataset, "fashion_mnist": idx_dataset, "synthetic": synthetic, "imagefolder": imagefolder}
+# -- text: bytes of the bundled Shakespeare, or any tokenizer's ids in nanoGPT's files (text.py) ----------------------
+def text_splits(read: Callable, cfg) -> Splits:
+    try:
+        s = read(cfg.root, cfg.block_size, cfg.eval_windows, cfg.subset)
+    except text.TextDataError as exc:
+        raise DataError(str(exc)) from None
+    return Splits(s.train, s.val, s.test, TextInfo(s.vocab_size, s.block_size, s.bytes_per_token))
+
+
+@register("shakespeare", task="lm")
+def shakespeare(cfg, seed: int) -> Splits:
+    return text_splits(text.shakespeare, cfg)
+
+
+@register("tokens", task="lm")
+def tokens(cfg, seed: int) -> Splits:
+    return text_splits(text.tokens, cfg)
 
 
 def build(cfg, seed: int) -> Splits:
     """The train/val/test splits named by `cfg.dataset`; DataError if the files are missing or broken."""
-    splits = BUILDERS[cfg.dataset](cfg, seed)
+    splits = DATASETS[cfg.dataset].build(cfg, seed)
     if len(splits.val) == 0:
         raise DataError("the validation split is empty: raise data.val_size")
     return splits
@@ -279,19 +333,29 @@ class Keyed(Dataset):
 
 
 class ResumableSampler(Sampler):
-    """Micro-batch keys for one rank. Epoch e's order is randperm(n) from Generator(seed + e), never the global RNG.
-    Optimizer step s of an epoch uses order[s*B : (s+1)*B] (B = global batch) whatever the world size: each of its
-    grad_accum micro-slots holds world x micro samples, and rank r takes its contiguous share. The whole state is
-    (epoch, position): the loop advances `position` by B after each optimizer step, so prefetching cannot skip or
-    replay a sample, and a checkpoint from 2 ranks resumes on 1 (or 8) at the same sample."""
+    """Micro-batch keys for one rank. Epoch e's order comes from Generator(seed + e), never the global RNG: a
+    permutation of the n samples (images), or, with `draws`=K, K optimizer steps' worth of window starts drawn at
+    random from the n possible ones (text: an "epoch" is then the K steps between two evaluations). Optimizer step
+    s of an epoch uses order[s*B : (s+1)*B] (B = global batch) whatever the world size: each of its grad_accum
+    micro-slots holds world x micro samples, and rank r takes its contiguous share. The whole state is (epoch,
+    position): the loop advances `position` by B after each optimizer step, so prefetching cannot skip or replay a
+    sample, and a checkpoint from 2 ranks resumes on 1 (or 8) at the same sample."""
 
-    def __init__(self, n: int, batch_size: int, micro: int, rank: int, world: int, seed: int):
+    def __init__(self, n: int, batch_size: int, micro: int, rank: int, world: int, seed: int, draws: int = 0):
         self.n, self.batch_size, self.micro, self.rank, self.world, self.seed = n, batch_size, micro, rank, world, seed
-        self.steps_per_epoch = n // batch_size  # the last partial global batch is dropped (another one each epoch)
+        self.draws = draws
+        # Images: the last partial global batch is dropped (another one each epoch).
+        self.steps_per_epoch = draws or n // batch_size
         self.epoch, self.position = 0, 0
 
+    def order(self) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        if self.draws:
+            return torch.randint(self.n, (self.draws * self.batch_size,), generator=g)
+        return torch.randperm(self.n, generator=g)
+
     def __iter__(self):
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        order = self.order()
         slot = self.micro * self.world
         for start in range(self.position, self.steps_per_epoch * self.batch_size, slot):
             yield self.epoch, order[start + self.rank * self.micro:start + (self.rank + 1) * self.micro]

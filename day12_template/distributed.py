@@ -38,7 +38,6 @@ class Dist:
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     owns_group: bool = False  # this run created the process group (and destroys it at the end)
-    grad_syncs: int = 0  # gradient all-reduce calls (DDP buckets): proves no_sync skips all but the last micro-batch
 
     @property
     def is_main(self) -> bool:
@@ -98,17 +97,9 @@ def wrap(model: nn.Module, strategy: str, d: Dist) -> nn.Module:
             fully_shard(block, mesh=mesh)  # one all-gather per block: only one block's full weights alive at a time
         fully_shard(model, mesh=mesh)
         return model
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-
-    def counted_allreduce(state, bucket):  # the default all-reduce, counted
-        d.grad_syncs += 1
-        return allreduce_hook(None, bucket)
-
-    ddp.register_comm_hook(None, counted_allreduce)
-    return ddp
+    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
 
 
 def sync_buffers(model: nn.Module, d: Dist) -> None:

@@ -1,6 +1,7 @@
-"""Fault drills: break a run on purpose to see that it fails safely (the gates use these; so can you).
+"""Fault drills: break a run on purpose to see that it fails safely (the gates use these; so can you). They attach
+to train.py from outside its loop, as a `train.Hook`; run them through this file, which is train.py plus drills:
 
-Set in the environment, e.g. `TEMPLATE_FAULTS="nan_step=7,nan_module=blocks.0" python train.py ...`:
+    TEMPLATE_FAULTS="nan_step=7,nan_module=blocks.0" python faults.py --config ... --set ...
 
     nan_step=N, nan_module=NAME   the output of module NAME (default: the first one) turns NaN at optimizer step N
     inf_grad_step=N               one gradient turns inf at optimizer step N (an fp16 overflow: the scaler skips)
@@ -8,6 +9,8 @@ Set in the environment, e.g. `TEMPLATE_FAULTS="nan_step=7,nan_module=blocks.0" p
     step_sleep=S                  sleep S seconds after each optimizer step (gives a signal time to land mid-run)
     audit_writes=DIR              at exit, write DIR/audit-rank<R>.json: every file this process created, renamed,
                                   linked or deleted (proves that only rank 0 writes)
+    grad_syncs=DIR                at exit, write DIR/grad-syncs-rank<R>.json: DDP's gradient all-reduces and the
+                                  optimizer steps they served (proves no_sync skips all but the last micro-batch)
     breaks=A+B                    break the model or the data for good (below), e.g. breaks=explode@head+leak=100
 
 Breaks: the bugs the troubleshooting toolkit finds (its gates and `doctor.py --fault` use them):
@@ -31,9 +34,13 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+import checkpoint
+import config
+import train
 from data import BatchData, Splits
 
 MODEL_BREAKS = ("nan", "sqrt_neg", "log0", "explode", "vanish", "detach", "freeze")
@@ -41,13 +48,14 @@ DATA_BREAKS = {"nan_input": 1000, "leak": 100, "drop_class": 0, "slow_data": 0.0
 
 
 @dataclass
-class Faults:
+class Faults(train.Hook):
     nan_step: int = 0
     nan_module: str = ""
     inf_grad_step: int = 0
     kill_between_links: int = 0
     step_sleep: float = 0.0
     audit_writes: str = ""
+    grad_syncs: str = ""
     breaks: str = ""
 
     @classmethod
@@ -56,44 +64,73 @@ class Faults:
         values = dict(item.split("=", 1) for item in text.split(",") if item.strip())
         return cls(**{k: type(getattr(cls, k))(v) for k, v in values.items()})
 
-    def install(self, model: torch.nn.Module, step_now) -> None:
-        """Hooks on the model (NaN output, inf gradient) and the process (write audit); `step_now()`: the step done."""
-        if self.nan_step:
-            name = self.nan_module or next(n for n, _ in model.named_modules() if n)
-            module = dict(model.named_modules())[name]
-            module.register_forward_hook(
-                lambda m, a, out: out * float("nan") if m.training and step_now() + 1 == self.nan_step else None)
-        if self.inf_grad_step:
-            first = next(model.parameters())
-            first.register_hook(lambda g: g * float("inf") if step_now() + 1 == self.inf_grad_step else g)
-        if self.audit_writes:
-            audit_writes(self.audit_writes)
-        for spec in parse_breaks(self.breaks):
-            if spec[0] in MODEL_BREAKS:
-                break_model(model, *spec)
-
-    def break_data(self, splits: Splits) -> Splits:
+    def data(self, splits: Splits) -> Splits:
         for spec in parse_breaks(self.breaks):
             if spec[0] in DATA_BREAKS:
                 splits = break_data(splits, *spec)
         return splits
 
-    def after_step(self) -> None:
+    def attach(self, model: torch.nn.Module, module: torch.nn.Module, progress) -> None:
+        """Hooks on the model (NaN output, inf gradient, breaks) and on DDP's gradient all-reduce."""
+        if self.nan_step:
+            name = self.nan_module or next(n for n, _ in model.named_modules() if n)
+            dict(model.named_modules())[name].register_forward_hook(
+                lambda m, a, out: out * float("nan") if m.training and progress.step + 1 == self.nan_step else None)
+        if self.inf_grad_step:
+            next(model.parameters()).register_hook(
+                lambda g: g * float("inf") if progress.step + 1 == self.inf_grad_step else g)
+        if self.grad_syncs:
+            count_grad_syncs(module, progress, self.grad_syncs)
+        for spec in parse_breaks(self.breaks):
+            if spec[0] in MODEL_BREAKS:
+                break_model(model, *spec)
+
+    def step(self, progress) -> None:
         if self.step_sleep:
             time.sleep(self.step_sleep)
 
-    def between_links(self):
-        """Called by checkpoint.save between linking best.pt and last.pt; the Nth call SIGKILLs this process."""
-        if not self.kill_between_links:
-            return None
-        count = [0]
+    def install_process_drills(self) -> None:
+        """The drills that act on the process rather than the run: the write audit, the kill between two links."""
+        if self.audit_writes:
+            audit_writes(self.audit_writes)
+        if self.kill_between_links:
+            kill_between_links(self.kill_between_links)
 
-        def maybe_kill():
+
+def kill_between_links(n: int) -> None:
+    """SIGKILL this process right after checkpoint.save links best.pt, before it links last.pt, at the Nth time."""
+    link, count = checkpoint.link, [0]
+
+    def link_then_maybe_die(src: Path, dst: Path) -> None:
+        link(src, dst)
+        if dst.name == "best.pt":
             count[0] += 1
-            if count[0] == self.kill_between_links:
+            if count[0] == n:
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
-        return maybe_kill
+
+    checkpoint.link = link_then_maybe_die
+
+
+def count_grad_syncs(module: torch.nn.Module, progress, folder: str) -> None:
+    """DDP's default all-reduce, counted per bucket; the counts are dumped at exit."""
+    if not hasattr(module, "register_comm_hook"):
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    counts = {"syncs": 0, "steps": 0}
+
+    def counted_allreduce(state, bucket):
+        counts["syncs"] += 1
+        counts["steps"] = progress.step + 1  # this all-reduce serves the step being computed
+        return allreduce_hook(None, bucket)
+
+    def dump():
+        rank = int(os.environ.get("RANK", "0"))
+        Path(folder, f"grad-syncs-rank{rank}.json").write_text(json.dumps(counts))
+
+    module.register_comm_hook(None, counted_allreduce)
+    atexit.register(dump)
 
 
 WRITES: list[str] = []
@@ -186,3 +223,14 @@ def break_data(splits: Splits, kind: str, arg: str = "") -> Splits:
         raise ValueError("fault leak needs a test split")
     broken = BrokenData(splits.train, kind, value, splits.test)
     return Splits(broken, splits.val, splits.test, splits.info)
+
+
+def main(argv=None) -> int:
+    """train.py's command line with the drills of TEMPLATE_FAULTS attached."""
+    faults = Faults.from_env()
+    faults.install_process_drills()
+    return train.main(argv, [faults])
+
+
+if __name__ == "__main__":
+    config.exit_with(main)

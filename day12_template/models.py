@@ -1,13 +1,47 @@
-"""Models, chosen by `model.name`. Adding one is one function: `def my_net(cfg, info) -> nn.Module`, registered in
-BUILDERS (and its name in config.MODELS).
+"""Models, chosen by `model.name`. Adding one is a config table (its hyperparameters, each with a reason) and one
+function, registered together:
 
-A model returns logits of shape (batch, info.num_classes). Put its repeated layers in `self.blocks`: they become
-the units of activation checkpointing (`model.activation_checkpointing`) and of FSDP sharding (`fully_shard`).
+    @dataclass
+    class MyNetTable:
+        hidden: int = opt(256, "width of the hidden layer", gt=0)
+
+    @register("my_net", MyNetTable, task="classify")
+    def my_net(cfg: MyNetTable, info) -> nn.Module:      # info: what the data says of itself (data.ImageInfo)
+        return MyNet(info.channels, info.num_classes, cfg.hidden)
+
+and `[model.my_net]` in a config file (or `--set model.my_net.hidden=512`) sets its fields. A model returns logits:
+(batch, classes) for `classify`, (batch, time, vocabulary) for `lm`; the task (tasks.py) turns them into a loss. Put
+its repeated layers in `self.blocks`: they become the units of activation checkpointing
+(`model.activation_checkpointing`) and of FSDP sharding (`fully_shard`).
 """
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from config import ConfigError, opt
+from gpt import GPT
+
+
+@dataclass(frozen=True)
+class Registered:
+    build: Callable  # (the model's table, the data's info) -> nn.Module
+    table: type  # the dataclass of the model's hyperparameters: [model.<name>]
+    task: str  # what it learns: a name in tasks.TASKS
+
+
+MODELS: dict[str, Registered] = {}
+
+
+def register(name: str, table: type, task: str):
+    """Decorator: `build` becomes model `name`, configured by `[model.<name>]` (fields of `table`)."""
+    def add(build: Callable) -> Callable:
+        MODELS[name] = Registered(build, table, task)
+        return build
+    return add
 
 
 class Blocks(nn.Module):
@@ -77,20 +111,63 @@ class ResNet(Blocks):
         return self.head(self.run_blocks(self.stem(x)).mean(dim=(2, 3)))
 
 
-def mlp(cfg, info) -> nn.Module:
+@dataclass
+class MLPTable:
+    hidden: int = opt(512, "width of each hidden layer", gt=0)
+    depth: int = opt(1, "hidden blocks (Linear-LayerNorm-GELU-Dropout)", gt=0)
+    dropout: float = opt(0.1, "dropout after each hidden block; it is what makes restoring the RNG necessary", ge=0,
+                         lt=1)
+
+
+@register("mlp", MLPTable, task="classify")
+def mlp(cfg: MLPTable, info) -> nn.Module:
     return MLP(info.channels * info.size * info.size, info.num_classes, cfg.hidden, cfg.depth, cfg.dropout)
 
 
-def resnet(cfg, info) -> nn.Module:
+@dataclass
+class ResNetTable:
+    widths: tuple[int, ...] = opt((16, 32, 64), "channels per stage (one BasicBlock each, stride 2 after the "
+                                  "first)", gt=0)
+
+
+@register("resnet", ResNetTable, task="classify")
+def resnet(cfg: ResNetTable, info) -> nn.Module:
     return ResNet(info.channels, info.num_classes, cfg.widths)
 
 
-BUILDERS = {"mlp": mlp, "resnet": resnet}
+@dataclass
+class GPTTable:
+    n_layer: int = opt(4, "transformer blocks: depth", gt=0)
+    n_head: int = opt(4, "attention heads per block (n_embd / n_head = each head's width)", gt=0)
+    n_embd: int = opt(128, "width of the residual stream: the model's size grows with n_layer x n_embd^2", gt=0)
+    block_size: int = opt(64, "the longest context the model sees (its position embeddings): at least "
+                          "data.block_size", gt=0)
+    dropout: float = opt(0.0, "dropout in attention and MLP outputs: 0 for short runs on much data, 0.1-0.2 "
+                         "when a small corpus is seen many times", ge=0, lt=1)
+    bias: bool = opt(True, "biases in Linear and LayerNorm layers, as GPT-2; false is a little faster")
+    vocab_size: int = opt(0, "0 = the data's vocabulary; N = embeddings for N tokens (padding GPT-2's 50,257 to "
+                          "50,304, a multiple of 64, speeds up GPU matmuls; memory.py then needs no data)", ge=0)
+
+    def check(self, cfg) -> None:
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"model.gpt.n_embd={self.n_embd} must be divisible by model.gpt.n_head={self.n_head}")
+        if cfg.data.block_size > self.block_size:
+            raise ConfigError(f"data.block_size={cfg.data.block_size} exceeds model.gpt.block_size="
+                              f"{self.block_size}, the longest context the model has positions for")
+
+
+@register("gpt", GPTTable, task="lm")
+def gpt(cfg: GPTTable, info) -> nn.Module:
+    if cfg.vocab_size and cfg.vocab_size < info.vocab_size:
+        raise ConfigError(f"model.gpt.vocab_size={cfg.vocab_size} is below the data's vocabulary of "
+                          f"{info.vocab_size:,} tokens (0 = the data's)")
+    vocab = cfg.vocab_size or info.vocab_size
+    return GPT(vocab, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias)
 
 
 def build(cfg, info) -> nn.Module:
-    """The model named by `cfg.name`, sized for the data (`info`: channels, size, num_classes)."""
-    model = BUILDERS[cfg.name](cfg, info)
+    """The model named by `cfg.name` (the [model] section), configured by its table and sized for the data."""
+    model = MODELS[cfg.name].build(getattr(cfg, cfg.name), info)
     model.checkpointing = cfg.activation_checkpointing
     return model
 

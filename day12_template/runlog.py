@@ -3,11 +3,13 @@ metadata (`run.json`: one entry per launch), `metrics.jsonl`, TensorBoard scalar
 """
 import datetime
 import json
+import math
 import os
 import platform
 import socket
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -163,3 +165,58 @@ def profiler(cfg, run_dir: Path, enabled: bool, closing):
     prof.start()
     closing.callback(prof.stop)
     return prof
+
+
+# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) of common cards, matched by name; other cards: no MFU figure.
+CUDA_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12,
+                  "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12}
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    """(FLOP/s, where it comes from): on CUDA the card's bf16 peak from the table (None for a card not in it); on a
+    CPU the best of a few square matmuls at `dtype` with this process's threads, measured now (~0.5 s)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in CUDA_BF16_PEAK.items() if k in name), None)
+        return peak, f"{name} bf16 peak (table)" if peak else f"{name}: not in runlog.CUDA_BF16_PEAK"
+    if device.type != "cpu":
+        return None, f"{device.type}: no peak known"
+    n, g = 1024, torch.Generator().manual_seed(0)  # its own generator: a resumed run's RNG state stays untouched
+    a, b = torch.randn(n, n, generator=g).to(dtype), torch.randn(n, n, generator=g).to(dtype)
+    best = math.inf
+    deadline = time.perf_counter() + 0.5
+    while time.perf_counter() < deadline or best == math.inf:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best, f"{n}x{n} {str(dtype).split('.')[-1]} matmul on {torch.get_num_threads()} thread(s)"
+
+
+class Speed:
+    """Throughput since this launch, for the train records: samples/s, and for models that count their FLOPs
+    (`flops_per_token()`, the GPT) tokens/s and MFU: achieved model FLOP/s over the device's peak (`peak_flops`)."""
+
+    def __init__(self, batch_size: int, tokens_per_sample: int | None, model, device: torch.device, train):
+        self.batch_size, self.tokens_per_sample = batch_size, tokens_per_sample
+        self.flops_per_token = model.flops_per_token() if hasattr(model, "flops_per_token") else None
+        self.peak, self.peak_source = None, None
+        if self.flops_per_token and tokens_per_sample:
+            dtype = getattr(torch, train.amp_dtype) if train.amp else torch.float32
+            self.peak, self.peak_source = peak_flops(device, dtype)
+
+    def start(self, step: int) -> None:
+        self.t0, self.c0, self.step0 = time.perf_counter(), time.process_time(), step
+
+    def samples_per_s(self, step: int) -> float:
+        return (step - self.step0) * self.batch_size / max(1e-9, time.perf_counter() - self.t0)
+
+    def figures(self, step: int) -> dict:
+        """samples_per_s (tokens_per_s, mfu), elapsed_s and cpu_s (well below elapsed_s: waiting for data, ranks)."""
+        out = {"samples_per_s": self.samples_per_s(step)}
+        if self.tokens_per_sample:
+            out["tokens_per_s"] = out["samples_per_s"] * self.tokens_per_sample
+            if self.peak:
+                out["mfu"] = out["tokens_per_s"] * self.flops_per_token / self.peak
+        out["elapsed_s"] = time.perf_counter() - self.t0
+        out["cpu_s"] = time.process_time() - self.c0
+        return out

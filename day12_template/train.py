@@ -1,8 +1,11 @@
-"""train.py — the training loop you keep: a config in, a run folder out.
+"""train.py — the training loop you keep: a config in, a run folder out. It trains image classifiers and language
+models alike: the data says what it is, the task (tasks.py) turns the model's output into a loss and metrics.
 
     python train.py --config configs/mnist_mlp.toml                              # train
     python train.py --config configs/mnist_mlp.toml --set optim.lr=1e-3 train.epochs=3
     python train.py --config configs/mnist_mlp.toml --set checkpoint.resume=auto  # continue after any stop
+    python train.py --config configs/shakespeare_cpu.toml                        # a GPT on Shakespeare
+    python sample.py --run runs/shakespeare_cpu --prompt "ROMEO:"                 # ... and what it writes
     torchrun --nproc_per_node=2 train.py --config configs/mnist_mlp.toml --set train.strategy=fsdp
     python train.py --help-config                                                # every field, and why
 
@@ -15,15 +18,16 @@ import os
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; must be set before CUDA starts
 
 import contextlib
+import dataclasses
 import math
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import checkpoint
 import config
@@ -31,7 +35,7 @@ import data
 import distributed
 import models
 import runlog
-from faults import Faults
+import tasks
 from signals import StopSignal, Stopped, stopped
 from troubleshoot import NonFinite, nonfinite_error
 
@@ -48,7 +52,8 @@ def seed_everything(seed: int, deterministic: bool, compiling: bool) -> None:
 
 
 def build_optimizer(model, cfg: config.Optim) -> torch.optim.Optimizer:
-    """AdamW with decay on weight matrices only: pulling biases and norm gains toward 0 does not regularise."""
+    """AdamW with decay on weight matrices only: pulling biases, norm gains and position embeddings toward 0 does not
+    regularise. (A tied embedding is one parameter: it is decayed once.)"""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
                               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
@@ -68,24 +73,73 @@ def warmup_cosine(optimizer, total_steps: int, cfg: config.Optim):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+class Hook:
+    """Code attached to a run from outside the loop: faults.py's drills, or your own probes. Override what you need;
+    pass a list of them to `run(cfg, hooks)`."""
+
+    def data(self, splits: data.Splits) -> data.Splits:
+        """The splits, before any loader is made (may return other splits)."""
+        return splits
+
+    def attach(self, model: torch.nn.Module, module: torch.nn.Module, progress: "Progress") -> None:
+        """The built model and the module that trains it (DDP wrapper, FSDP2-sharded model or the model itself)."""
+
+    def step(self, progress: "Progress") -> None:
+        """After each optimizer step (progress.step is the number done)."""
+
+
+@dataclass
+class Progress:
+    """The loop's own state, saved in every checkpoint beside the modules' states."""
+    step: int = 0  # optimizer steps done
+    best: dict = field(default_factory=lambda: {"step": None, "val_loss": math.inf})  # the lowest val loss so far
+    bad_evals: int = 0  # evaluations since the best one (early stopping)
+    window: list = field(default_factory=lambda: [0.0, 0])  # training losses summed since the last record, steps
+
+    @classmethod
+    def of(cls, ckpt: dict) -> "Progress":
+        return cls(**{f.name: ckpt[f.name] for f in dataclasses.fields(cls)})
+
+
+def run_length(train: config.Train, sampler: data.ResumableSampler) -> tuple[int, int]:
+    """(evaluation periods, optimizer steps) of the whole run: images train `epochs` passes and evaluate after each;
+    text trains `steps` steps and evaluates every `eval_every` (the sampler's "epoch")."""
+    if train.steps:
+        return math.ceil(train.steps / sampler.steps_per_epoch), train.steps
+    return train.epochs, train.epochs * sampler.steps_per_epoch
+
+
 @torch.no_grad()
-def evaluate(model, loader, weights, device, autocast, d) -> tuple[float, float]:
-    """Mean loss and accuracy over every rank's share, in eval mode (dropout off, BatchNorm's running statistics)."""
+def evaluate(model, task, loader, weights, device, autocast, d) -> dict:
+    """The task's metrics over every rank's share, in eval mode (dropout off, BatchNorm's running statistics)."""
     distributed.sync_buffers(model, d)
     model.eval()
-    totals = torch.zeros(3, device=device, dtype=torch.float32 if device.type == "mps" else torch.float64)
+    totals = torch.zeros(len(task.sums), device=device, dtype=torch.float32 if device.type == "mps" else torch.float64)
     for (x, y), w in zip(loader, weights):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast():
-            logits = model(x).float()
-        totals += w * torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(1) == y).sum(),
-                                   torch.tensor(len(y), device=device)]).to(totals.dtype)
+            out = model(x)
+        totals += w * task.eval_sums(out, y).to(totals.dtype)
     model.train()
-    loss, correct, n = d.all_reduce(totals).tolist()
-    return loss / n, correct / n
+    return task.metrics(d.all_reduce(totals).tolist())
 
 
-def run(cfg: config.Config, faults: Faults | None = None) -> dict:
+def forward_backward(module, task, micro_batches, device, autocast, scaler, channels_last: bool) -> torch.Tensor:
+    """One optimizer step's gradients, accumulated over its micro-batches; returns the step's mean loss (on device)."""
+    step_loss = torch.zeros((), device=device)
+    for k, (x, y) in enumerate(micro_batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with distributed.grad_sync(module, k == len(micro_batches) - 1):  # all-reduce once, after the last one
+            with autocast():
+                loss = task.loss(module(x), y) / len(micro_batches)  # / accum: the sum is the batch's mean
+            scaler.scale(loss).backward()  # outside autocast; fp16: scaled so small gradients survive
+        step_loss += loss.detach()
+    return step_loss
+
+
+def run(cfg: config.Config, hooks: list[Hook] = ()) -> dict:
     """Train per `cfg` (one process, or one rank of a torchrun job); returns the final figures."""
     try:
         d = distributed.setup(cfg.run.device)
@@ -94,7 +148,7 @@ def run(cfg: config.Config, faults: Faults | None = None) -> dict:
     stop = StopSignal(repeat_stops=not d.enabled)
     try:
         with contextlib.ExitStack() as closing:  # files and writer threads are closed however the run ends
-            result = fit(cfg, d, faults or Faults(), stop, closing)
+            result = fit(cfg, d, stop, closing, hooks)
         d.barrier()  # no rank tears the group down while another still communicates (gloo aborts at exit)
         return result
     finally:
@@ -102,14 +156,16 @@ def run(cfg: config.Config, faults: Faults | None = None) -> dict:
         stop.restore()
 
 
-def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSignal, closing: contextlib.ExitStack
-        ) -> dict:
+def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: contextlib.ExitStack, hooks) -> dict:
     # 1. Everything that can be refused is checked before anything is written.
     config.check_combinations(cfg, d.world)
     run_dir, device, tc = Path(cfg.run.out_dir), d.device, cfg.train
     resume, ckpt = checkpoint.resume_source(cfg)
     seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.model.compile)
-    splits = faults.break_data(data.build(cfg.data, cfg.run.seed))  # no-op unless a drill breaks the data
+    splits = data.build(cfg.data, cfg.run.seed)
+    for hook in hooks:
+        splits = hook.data(splits)
+    task = tasks.for_data(splits.info)
     layout = torch.channels_last if cfg.model.channels_last else torch.preserve_format  # NHWC for conv Tensor Cores
     model = models.build(cfg.model, splits.info).to(device, memory_format=layout)
     if cfg.checkpoint.init_from and not ckpt:
@@ -120,26 +176,29 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
     if cfg.model.compile:
         module = torch.compile(module)
 
-    # 2. Data, optimizer, schedule, scaler: the state a checkpoint must carry.
+    # 2. Data order, optimizer, schedule, scaler: the state a checkpoint must carry.
     accum, pin = tc.grad_accum, cfg.data.pin_memory and device.type == "cuda"
     micro = tc.batch_size // (accum * d.world)  # one forward's share of the global batch
-    sampler = data.ResumableSampler(len(splits.train), tc.batch_size, micro, d.rank, d.world, cfg.run.seed)
+    sampler = data.ResumableSampler(len(splits.train), tc.batch_size, micro, d.rank, d.world, cfg.run.seed,
+                                    draws=tc.eval_every or tc.steps)  # text: windows drawn per evaluation period
     if sampler.steps_per_epoch == 0:
-        raise data.DataError(f"train.batch_size={tc.batch_size} exceeds the {len(splits.train)} training images")
+        raise data.DataError(f"train.batch_size={tc.batch_size} exceeds the {len(splits.train)} training samples")
     train_loader = data.loader(splits.train, sampler, cfg.data.num_workers, pin)
     evals = data.eval_loaders(splits, micro * accum, d.rank, d.world, cfg.data.num_workers, pin)
+    periods, total_steps = run_length(tc, sampler)
+    last_step = min(total_steps, tc.max_steps or total_steps)
     optimizer = build_optimizer(model, cfg.optim)
-    scheduler = warmup_cosine(optimizer, tc.epochs * sampler.steps_per_epoch, cfg.optim)
+    scheduler = warmup_cosine(optimizer, total_steps, cfg.optim)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.amp and tc.amp_dtype == "float16")  # fp16 only
     autocast = models.autocast(tc, device.type)
-    st = {"step": 0, "best": {"step": None, "val_loss": math.inf}, "bad_evals": 0, "window": [0.0, 0]}
+    progress = Progress()
     if ckpt:
         distributed.load_model_state(model, ckpt["model"], d)
         distributed.load_optimizer_state(model, optimizer, ckpt["optimizer"], d)
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
         sampler.load_state_dict(ckpt["sampler"])
-        st = {k: ckpt[k] for k in st}
+        progress = Progress.of(ckpt)
         if ckpt["world_size"] == d.world:  # last: nothing may draw from the RNGs before the next step
             checkpoint.set_rng_state(ckpt["rng"][d.rank], device)
 
@@ -147,59 +206,55 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
     if d.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.clean_stale_tmp(run_dir)
-    log = runlog.RunLog(run_dir, cfg, d.is_main, st["step"],
+    log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step,
                         runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
     closing.callback(log.close)
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
-            f"({len(splits.train):,} train / {len(splits.val):,} val) | {device} x {d.world} | {run_dir}")
+            f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if tc.steps else 'images'}) | "
+            f"{device} x {d.world} | {run_dir}")
     if ckpt:
-        log.say(f"resumed from {resume} at step {st['step']} (epoch {sampler.epoch + 1}, sample "
+        log.say(f"resumed from {resume} at step {progress.step} (period {sampler.epoch + 1}, sample "
                 f"{sampler.position:,})" + ("" if ckpt["world_size"] == d.world else
                                             f"; {ckpt['world_size']} -> {d.world} ranks: same samples, new dropout"))
         if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt, resume)):
             log.say(note)
-    faults.install(model, lambda: st["step"])
-    between_links = faults.between_links()
+    for hook in hooks:
+        hook.attach(model, module, progress)
     prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
+    speed = runlog.Speed(tc.batch_size, task.tokens_per_sample, model, device, tc)
 
     def save(is_best: bool = False) -> None:
         """Every rank gathers; rank 0 writes. Model and optimizer are full, plain state dicts (names, no prefixes)."""
-        payload = {"format": checkpoint.FORMAT, **st, "config": config.to_dict(cfg), "world_size": d.world,
+        payload = {"format": checkpoint.FORMAT, **dataclasses.asdict(progress), "config": config.to_dict(cfg),
+                   "world_size": d.world, "info": {"task": task.name, **dataclasses.asdict(splits.info)},
                    "model": distributed.model_state(model, d),
                    "optimizer": distributed.optimizer_state(model, optimizer, d),
                    "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "sampler": sampler.state_dict(),
-                   "rng": d.gather(checkpoint.rng_state(device)), "rank_steps": d.gather(st["step"])}
+                   "rng": d.gather(checkpoint.rng_state(device)), "rank_steps": d.gather(progress.step)}
         error = None
         if d.is_main:
             try:
                 log.flush()  # the logs reach the disk before the checkpoint that vouches for them
-                checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last, is_best, between_links)
+                checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last, is_best)
             except (checkpoint.CheckpointError, OSError) as exc:  # OSError: the log's fsync, an old checkpoint's unlink
                 error = str(exc)
         if error := d.gather(error)[0]:  # every rank fails together; none waits forever
             raise checkpoint.CheckpointError(error)
 
-    # 4. The loop: micro-batches -> one optimizer step -> log / checkpoint / stop; an evaluation per epoch.
-    t0, c0, step0 = time.perf_counter(), time.process_time(), st["step"]
-    rate = lambda: (st["step"] - step0) * tc.batch_size / max(1e-9, time.perf_counter() - t0)  # noqa: E731
-    stopped_by = ("max_steps" if tc.max_steps and st["step"] >= tc.max_steps else "early_stop"  # resumed: as it ended
-                  if tc.early_stop_patience and st["bad_evals"] >= tc.early_stop_patience else None)
-    while sampler.epoch < tc.epochs and stopped_by is None:
-        epoch = sampler.epoch
+    def early_stopped() -> bool:
+        return bool(tc.early_stop_patience) and progress.bad_evals >= tc.early_stop_patience
+
+    # 4. The loop: micro-batches -> one optimizer step -> log / checkpoint / stop; an evaluation per period (an
+    # epoch of images, train.eval_every steps of text).
+    speed.start(progress.step)
+    while sampler.epoch < periods and progress.step < last_step and not early_stopped():
+        period = sampler.epoch
         batches = iter(train_loader)
-        log.epoch_bar(epoch, sampler.steps_per_epoch, sampler.steps_per_epoch - sampler.steps_left())
+        log.epoch_bar(period, sampler.steps_per_epoch, sampler.steps_per_epoch - sampler.steps_left())
         for _ in range(sampler.steps_left()):
             micro_batches = [next(batches) for _ in range(accum)]
-            step_loss = torch.zeros((), device=device)
-            for k, (x, y) in enumerate(micro_batches):
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                if cfg.model.channels_last and x.ndim == 4:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                with distributed.grad_sync(module, k == accum - 1):  # all-reduce once, after the last micro-batch
-                    with autocast():
-                        loss = F.cross_entropy(module(x), y) / accum  # / accum: the sum is the batch's mean
-                    scaler.scale(loss).backward()  # outside autocast; fp16: scaled so small gradients survive
-                step_loss += loss.detach()
+            step_loss = forward_backward(module, task, micro_batches, device, autocast, scaler,
+                                         cfg.model.channels_last)
             scaler.unscale_(optimizer)  # true gradients first, so the clip threshold means what it says
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
             # The one host sync per step: loss, gradient norm and "a signal arrived", summed over the ranks.
@@ -208,67 +263,71 @@ def fit(cfg: config.Config, d: distributed.Dist, faults: Faults, stop: StopSigna
             loss_sum, norm_sum, signals = d.all_reduce(flags).tolist()
             step_loss, grad_norm = loss_sum / d.world, norm_sum / d.world
             if not math.isfinite(step_loss) or not (scaler.is_enabled() or math.isfinite(grad_norm)):
-                raise nonfinite_error(st["step"] + 1, epoch, step_loss, grad_norm, model,
+                raise nonfinite_error(progress.step + 1, period, step_loss, grad_norm, model,
                                       [(x.to(device), y) for x, y in micro_batches], autocast, d, run_dir / "last.pt")
             scaler.step(optimizer)  # fp16: skipped when a gradient overflowed (and the scale halves)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            st["step"] += 1
+            progress.step += 1
             sampler.advance()
-            st["window"] = [st["window"][0] + step_loss, st["window"][1] + 1]
+            progress.window = [progress.window[0] + step_loss, progress.window[1] + 1]
             log.advance()
-            faults.after_step()
+            for hook in hooks:
+                hook.step(progress)
             prof.step()
-            if st["step"] % tc.log_every == 0:
-                log.record("train", st["step"], epoch=epoch, loss=st["window"][0] / st["window"][1],
+            if progress.step % tc.log_every == 0:
+                log.record("train", progress.step, epoch=period, loss=progress.window[0] / progress.window[1],
                            lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, scale=scaler.get_scale(),
-                           grad_syncs=d.grad_syncs, samples_per_s=rate(), elapsed_s=time.perf_counter() - t0,
-                           cpu_s=time.process_time() - c0)  # cpu_s well below elapsed_s: waiting (data, ranks)
-                st["window"] = [0.0, 0]
+                           **speed.figures(progress.step))
+                progress.window = [0.0, 0]
             if signals:  # every rank sees the same sum: all stop after this same step
                 save()
                 d.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
-                raise stopped(stop.name(), st["step"])
-            if tc.max_steps and st["step"] >= tc.max_steps:
-                stopped_by = "max_steps"
+                raise stopped(stop.name(), progress.step)
+            if progress.step >= last_step:
                 break
-            if cfg.checkpoint.every_steps and st["step"] % cfg.checkpoint.every_steps == 0 and sampler.steps_left():
+            if cfg.checkpoint.every_steps and progress.step % cfg.checkpoint.every_steps == 0 and sampler.steps_left():
                 save()
         log.end_epoch()
-        val_loss, val_acc = evaluate(model, *evals["val"], device, autocast, d)
-        if not math.isfinite(val_loss):
-            raise NonFinite(f"validation loss is {val_loss} at step {st['step']}; no checkpoint written")
-        improved = val_loss < st["best"]["val_loss"]
-        st["best"] = {"step": st["step"], "val_loss": val_loss} if improved else st["best"]
-        st["bad_evals"] = 0 if improved else st["bad_evals"] + 1
+        metrics = evaluate(model, task, *evals["val"], device, autocast, d)
+        if not math.isfinite(metrics["loss"]):
+            raise NonFinite(f"validation loss is {metrics['loss']} at step {progress.step}; no checkpoint written")
+        improved = metrics["loss"] < progress.best["val_loss"]
+        if improved:
+            progress.best = {"step": progress.step, "val_loss": metrics["loss"]}
+        progress.bad_evals = 0 if improved else progress.bad_evals + 1
         if not sampler.steps_left():
-            sampler.set_epoch(epoch + 1)
-        log.record("val", st["step"], epoch=epoch, val_loss=val_loss, val_acc=val_acc, best=improved)
-        log.say(f"epoch {epoch + 1}/{tc.epochs} step {st['step']}: val loss {val_loss:.4f}, val acc "
-                f"{100 * val_acc:.2f}%" + (" (best)" if improved else f" (not better for {st['bad_evals']})")
-                + f", {rate():,.0f} samples/s")
+            sampler.set_epoch(period + 1)
+        log.record("val", progress.step, epoch=period, best=improved, **{f"val_{k}": v for k, v in metrics.items()})
+        where = f"epoch {period + 1}/{periods} step {progress.step}"
+        if tc.steps:
+            where = f"step {progress.step}/{total_steps}"
+        log.say(f"{where}: {task.describe(metrics, 'val')}"
+                + (" (best)" if improved else f" (not better for {progress.bad_evals})")
+                + f", {speed.samples_per_s(progress.step):,.0f} samples/s")
         save(is_best=improved)
-        if tc.early_stop_patience and st["bad_evals"] >= tc.early_stop_patience:
-            stopped_by = "early_stop"
+        if early_stopped():
             log.say(f"early stop: no better validation loss for {tc.early_stop_patience} evaluations")
 
     # 5. The test split, touched once: best.pt's weights, read back from disk (the last weights if no file holds them).
-    if best := checkpoint.load_best(run_dir, st["best"]["step"], resume):
+    best_step = progress.best["step"]
+    if best := checkpoint.load_best(run_dir, best_step, resume):
         distributed.load_model_state(model, best["model"], d)
-    tested = f"best.pt, step {st['best']['step']}" if best else f"the last weights, step {st['step']}: best.pt is gone"
-    result = {"step": st["step"], "stopped_by": stopped_by or "done", "best_step": st["best"]["step"],
-              "best_val_loss": st["best"]["val_loss"], "run_dir": str(run_dir), "tested": tested}
+    tested = f"best.pt, step {best_step}" if best else f"the last weights, step {progress.step}: best.pt is gone"
+    stopped_by = "early_stop" if early_stopped() else "max_steps" if progress.step < total_steps else "done"
+    result = {"step": progress.step, "stopped_by": stopped_by, "best_step": best_step,
+              "best_val_loss": progress.best["val_loss"], "run_dir": str(run_dir), "tested": tested}
     if "test" in evals:
-        result["test_loss"], result["test_acc"] = evaluate(model, *evals["test"], device, autocast, d)
-        log.record("test", st["step"], **{k: v for k, v in result.items() if k.startswith(("test", "best"))})
-        log.say(f"test ({tested}): loss {result['test_loss']:.4f}, accuracy "
-                f"{100 * result['test_acc']:.2f}%")
+        metrics = evaluate(model, task, *evals["test"], device, autocast, d)
+        result.update({f"test_{k}": v for k, v in metrics.items()})
+        log.record("test", progress.step, **{k: v for k, v in result.items() if k.startswith(("test", "best"))})
+        log.say(f"test ({tested}): {task.describe(metrics, 'test')}")
     log.close()
     return result
 
 
-def main(argv=None) -> int:
+def main(argv=None, hooks: list[Hook] = ()) -> int:
     args = config.argument_parser(__doc__, inspect=True).parse_args(argv)
     if args.help_config:
         print(config.describe())
@@ -280,7 +339,7 @@ def main(argv=None) -> int:
         if args.print_config:
             print(config.dump_toml(cfg))
             return 0
-        run(cfg, Faults.from_env())
+        run(cfg, hooks)
     except config.ConfigError as exc:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr)

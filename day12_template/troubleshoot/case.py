@@ -9,6 +9,7 @@ import config
 import data
 import distributed
 import models
+import tasks
 import train
 from faults import Faults
 
@@ -22,7 +23,8 @@ class Case:
             self.device = distributed.pick_device(cfg.run.device, 0)
         except ValueError as exc:
             raise config.ConfigError(str(exc)) from None
-        self.splits = faults.break_data(data.build(cfg.data, cfg.run.seed))
+        self.splits = faults.data(data.build(cfg.data, cfg.run.seed))
+        self.task = tasks.for_data(self.splits.info)
         self.weights = weights_of(cfg)
         self.micro = min(cfg.train.batch_size // cfg.train.grad_accum, len(self.splits.train))
         self.autocast = models.autocast(cfg.train, self.device.type)
@@ -36,7 +38,7 @@ class Case:
         if self.weights:
             checkpoint.load_weights(model, self.weights)
         model = model.to(self.device).train()
-        self.faults.install(model, lambda: 0)
+        self.faults.attach(model, model, train.Progress())
         return model
 
     def optimizer(self, model) -> torch.optim.Optimizer:

@@ -11,7 +11,6 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
 
 import config
 import data
@@ -31,7 +30,8 @@ SHORT_RUN = 30  # optimizer steps of the short run
 
 
 def steps_total(case: Case) -> int:
-    return case.cfg.train.epochs * (len(case.splits.train) // case.cfg.train.batch_size)
+    t = case.cfg.train
+    return t.steps or t.epochs * (len(case.splits.train) // t.batch_size)
 
 
 # -- the checks: each returns findings ------------------------------------------------------------------------------
@@ -87,6 +87,9 @@ DATA_ITEMS = {"nonfinite": ("nan-5", "find where they are made (a division by ze
 
 
 def check_splits(case: Case) -> list[Finding]:
+    if case.task.name != "classify":
+        return [Finding("data", "not measured", f"{case.cfg.data.dataset} is {case.task.name!r} data: the label, "
+                        "normalisation and duplicate checks here are for images", ["loss-2", "loss-8", "loss-9"])]
     limit = 20_000 if case.cfg.data.dataset == "imagefolder" else None
     report = check_data(case.splits, case.splits.info.num_classes, limit)
     problems = report.problems()
@@ -120,21 +123,22 @@ def check_forward(case: Case) -> list[Finding]:
         logits = model(batches[0][0]).float()
     if not torch.isfinite(logits).all():
         return out
-    probs = bool((logits >= 0).all()) and torch.allclose(logits.sum(1), torch.ones_like(logits[:, 0]), atol=1e-3)
+    sums = logits.sum(-1)
+    probs = bool((logits >= 0).all()) and torch.allclose(sums, torch.ones_like(sums), atol=1e-3)
     out.append(Finding("forward", "PROBLEM" if probs else "ok", "the outputs are probabilities (non-negative, rows "
                        "sum to 1)" if probs else "the outputs are logits (not softmax probabilities)", ["loss-4"],
                        "return logits: drop the final softmax, F.cross_entropy applies log_softmax itself"))
     if case.weights is None:
-        loss0, uniform = F.cross_entropy(logits, batches[0][1]).item(), math.log(case.splits.info.num_classes)
+        loss0, uniform = case.task.loss(logits, batches[0][1]).item(), math.log(case.task.classes)
         out.append(Finding("forward", "ok" if loss0 < 2 * uniform else "PROBLEM",
-                           f"first loss {loss0:.3f} vs ln({case.splits.info.num_classes}) = {uniform:.3f} "
+                           f"first loss {loss0:.3f} vs ln({case.task.classes}) = {uniform:.3f} "
                            f"(a uniform guess)", ["loss-6"], "initial weights too large: the logits start far from "
                            "uniform (a smaller init std, or a normalisation layer)", {"loss": loss0}))
     return out
 
 
 def check_gradients(case: Case) -> list[Finding]:
-    report = gradient_norms(case.model(), next(case.batches()), autocast=case.autocast)
+    report = gradient_norms(case.model(), next(case.batches()), case.task.loss, case.autocast)
     norms, median = {k: v for k, v in report.norms.items() if math.isfinite(v)}, report.median
     top = max(norms, key=norms.get) if norms else None
     big = [f"{n} {report.norms[n]:.2g} ({report.norms[n] / median:.0f}x)" for n in report.exploding]
@@ -164,7 +168,7 @@ def check_gradients(case: Case) -> list[Finding]:
 
 
 def check_anomaly(case: Case) -> list[Finding]:
-    found = backward_nan_op(case.model(), list(itertools.islice(case.batches(), 2)), autocast=case.autocast)
+    found = backward_nan_op(case.model(), list(itertools.islice(case.batches(), 2)), case.task.loss, case.autocast)
     return [Finding("anomaly", "PROBLEM" if found else "ok",
                     f"NaN first produced in backward by {found}" if found else
                     "no backward op produced a NaN on 2 batches (anomaly mode checks NaN, not inf)", ["nan-2", "nan-6"],
@@ -175,7 +179,8 @@ def check_anomaly(case: Case) -> list[Finding]:
 
 def check_overfit(case: Case) -> list[Finding]:
     model = case.model()
-    r = overfit_one_batch(model, case.optimizer(model), next(case.batches(8)), autocast=case.autocast)
+    r = overfit_one_batch(model, case.optimizer(model), next(case.batches(8)), loss_fn=case.task.loss,
+                          autocast=case.autocast)
     if r.error:
         text, fix = f"cannot train: {r.error}", "make the loss depend on the weights (requires_grad, no detach)"
     elif r.unchanged:
@@ -207,7 +212,7 @@ def check_data_vs_step(case: Case) -> list[Finding]:
 
     def step(batch):
         with case.autocast():
-            loss = F.cross_entropy(model(batch[0]).float(), batch[1])
+            loss = case.task.loss(model(batch[0]), batch[1])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
         optimizer.step()
@@ -238,7 +243,7 @@ def short_run(case: Case, lr: float, syncs: HostSyncs | None = None) -> tuple[li
         error = None
         with contextlib.redirect_stdout(io.StringIO()), syncs or contextlib.nullcontext():
             try:
-                train.run(cfg, case.faults)
+                train.run(cfg, [case.faults])
             except NonFinite as exc:
                 error = str(exc).split(". That step")[0]
         return [r for r in runlog.read_metrics(tmp) if r["kind"] == "train"], error
@@ -289,7 +294,7 @@ def check_short_run(case: Case) -> list[Finding]:
 
 def check_lr_range(case: Case) -> list[Finding]:
     model = case.model()
-    r = lr_range_test(model, case.optimizer(model), case.batches(), autocast=case.autocast)
+    r = lr_range_test(model, case.optimizer(model), case.batches(), loss_fn=case.task.loss, autocast=case.autocast)
     files = lr_range.save(r, case.out, case.cfg.optim.lr)
     lr = case.cfg.optim.lr
     status = "PROBLEM" if lr >= r.best_lr else "note" if lr < r.suggestion / 30 else "ok"

@@ -1,0 +1,84 @@
+"""sample.py — text from a trained language model: a run folder's best.pt, a prompt, a number of tokens.
+
+    python sample.py --run runs/shakespeare_cpu --prompt "ROMEO:" --tokens 500 --temperature 0.8 --top-k 50
+    python sample.py --run runs/shakespeare_cpu --temperature 0          # greedy: the most likely token each time
+    python sample.py --run runs/shakespeare_cpu --no-cache               # recompute every position (slower, same text)
+
+The weights load with weights_only=True (no code runs from the file), from any strategy's checkpoint (DDP, FSDP:
+plain state dicts). Generation keeps a KV cache: each new token costs one position's work instead of the whole
+context's (gpt.py: GPT.generate, and its window rule past the model's block size).
+Exit codes: 0 done; 1 the checkpoint or the data's tokenizer cannot be read; 2 bad flags.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the template's modules, wherever it is run from
+
+import torch  # noqa: E402
+
+import checkpoint  # noqa: E402
+import config  # noqa: E402
+import data  # noqa: E402
+import models  # noqa: E402
+import text  # noqa: E402
+
+
+def load_model(path: Path) -> tuple[torch.nn.Module, config.Config]:
+    """The model of a language-model checkpoint, in eval mode, and the run's config."""
+    ckpt = checkpoint.load(path)
+    cfg = config.from_dict(ckpt["config"])
+    if ckpt["info"]["task"] != "lm":
+        raise checkpoint.CheckpointError(f"{path} holds a {ckpt['info']['task']!r} model, not a language model")
+    info = data.TextInfo(ckpt["info"]["vocab_size"], ckpt["info"]["block_size"])
+    model = models.build(cfg.model, info)
+    checkpoint.load_weights(model, path)
+    return model.eval(), cfg
+
+
+def generate(model, tokenizer, prompt: str, tokens: int, temperature: float, top_k: int | None, seed: int,
+             use_cache: bool = True) -> tuple[str, float]:
+    """(the prompt and its continuation, seconds the generation took)."""
+    ids = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    out = model.generate(ids, tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+                         generator=generator)
+    return tokenizer.decode(out[0].tolist()), time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[2:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, help="a run folder (its best.pt is used)")
+    parser.add_argument("--checkpoint", type=Path, help="a checkpoint file instead of --run's best.pt")
+    parser.add_argument("--prompt", default="\n", help="the text to continue (default: a new line)")
+    parser.add_argument("--tokens", type=int, default=500, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 more random; 0 = greedy")
+    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0 = all")
+    parser.add_argument("--seed", type=int, default=0, help="the sampling seed: the same seed gives the same text")
+    parser.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
+    args = parser.parse_args(argv)
+    if (args.run is None) == (args.checkpoint is None):
+        parser.error("give one of --run or --checkpoint")
+    if args.tokens < 1 or args.temperature < 0 or args.top_k < 0 or args.seed < 0:
+        parser.error("--tokens must be >= 1 and --temperature, --top-k, --seed >= 0")
+    path = args.checkpoint or args.run / "best.pt"
+    try:
+        model, cfg = load_model(path)
+        tokenizer = text.tokenizer(cfg.data.dataset, cfg.data.root)
+        sample, seconds = generate(model, tokenizer, args.prompt, args.tokens, args.temperature,
+                                   args.top_k or None, args.seed, use_cache=not args.no_cache)
+    except (checkpoint.CheckpointError, config.ConfigError, text.TextDataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(sample)
+    print(f"\n[{args.tokens} tokens in {seconds:.2f} s: {args.tokens / seconds:,.0f} tokens/s, "
+          f"{'no cache' if args.no_cache else 'KV cache'}; {path}]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    config.exit_with(main)

@@ -1,0 +1,303 @@
+"""Text datasets for next-token training: windows of `block_size` tokens, each target shifted one token on.
+
+    shakespeare  the repo's bundle (../data/shakespeare, 42 works) or a folder with its layout: works/<work>.txt.gz
+                 and MANIFEST.tsv (work, title, bytes, SHA-256 of the decompressed text). Every work is checked
+                 against the manifest on first use. Byte-level tokens: vocabulary 256, one byte per token.
+    tokens       nanoGPT's on-disk format in a folder: train.bin, val.bin (optional test.bin) of raw token ids
+                 (uint16, or uint32 when vocab_size > 65536), memory-mapped, never read whole, plus meta.json
+                 {"vocab_size": int, "dtype": "uint16"|"uint32" (optional), "itos": {id: str} or [str] (optional)}
+                 or nanoGPT's meta.pkl {"vocab_size", "stoi", "itos"}.
+
+Shakespeare's split is by whole works, so that no scene is split across train and evaluation: VAL_WORKS and TEST_WORKS
+(below) are held out, and train is every other work in manifest order. Each split is its works' texts in manifest
+order, each followed by SEPARATOR (two newlines): the bundle's three splits hold 5,057,198 + 42 x 2 tokens in all.
+
+Evaluation uses a fixed set of window starts (the same every run): `eval_windows` starts evenly spaced over the split,
+or with eval_windows=0 every non-overlapping window. Training samples any window start.
+
+Safety: meta.pkl is read by an unpickler that refuses every import. The plain dicts, lists, strings and ints of
+nanoGPT's meta need none; any pickle that wants a global (the only way a pickle runs code) is rejected unread.
+"""
+import functools
+import gzip
+import hashlib
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+BUNDLE = Path(__file__).resolve().parent.parent / "data" / "shakespeare"
+# Held out whole, a comedy and a tragedy each, about 5% of the corpus's bytes per split (fixed, not random).
+VAL_WORKS = ("midsummer_nights_dream", "othello")  # 96,249 + 154,519 = 250,768 bytes (4.96%)
+TEST_WORKS = ("romeo_and_juliet", "twelfth_night")  # 141,753 + 114,876 = 256,629 bytes (5.07%)
+SEPARATOR = b"\n\n"  # after every work, so that one work's last line and the next one's title never run together
+SCAN_CHUNK = 1 << 22  # token ids checked per step: a few MB of memory however large the .bin
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+class TextDataError(RuntimeError):
+    """The text data cannot be found or read; the one-line message names the file and says what to do."""
+
+
+class TokenData:
+    """A token stream cut into windows: `len(ds)` window starts, `ds.batch(epoch, indices) -> (x, y)`, both int64
+    (B, block_size), x = tokens[s:s+T] and y = tokens[s+1:s+T+1]. Without `starts` (training) index i is start i;
+    with `starts` (evaluation) index i is starts[i]. A np.memmap (or a contiguous slice of one) is pickled as its
+    path, byte offset and length and re-opened in the DataLoader worker, instead of being copied into every worker."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, starts: np.ndarray | None = None):
+        self.tokens, self.block_size = tokens, block_size
+        self.starts = None if starts is None else np.asarray(starts, dtype=np.int64)
+        self.window = np.arange(block_size + 1, dtype=np.int64)  # offsets of one window's x and its last target
+
+    def __len__(self) -> int:
+        return len(self.tokens) - self.block_size if self.starts is None else len(self.starts)
+
+    def batch(self, epoch: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The windows at `indices` (epoch is unused: text windows have no augmentation)."""
+        starts = torch.as_tensor(indices).numpy().astype(np.int64)
+        if self.starts is not None:
+            starts = self.starts[starts]
+        windows = torch.from_numpy(self.tokens[starts[:, None] + self.window].astype(np.int64))
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        if isinstance(self.tokens, np.memmap) and self.tokens.flags.c_contiguous:
+            opened = self.tokens
+            while isinstance(opened.base, np.memmap):  # a slice keeps the offset of the memmap it was cut from
+                opened = opened.base
+            offset = opened.offset + self.tokens.ctypes.data - opened.ctypes.data
+            state["tokens"] = (self.tokens.filename, self.tokens.dtype.str, offset, len(self.tokens))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state["tokens"], tuple):
+            path, dtype, offset, length = state["tokens"]
+            state["tokens"] = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(length,))
+        self.__dict__.update(state)
+
+
+@dataclass
+class TextSplits:
+    train: TokenData
+    val: TokenData
+    test: TokenData | None
+    vocab_size: int
+    block_size: int
+    bytes_per_token: torch.Tensor | None  # (vocab_size,) float64: UTF-8 bytes of each token id; None if unknown
+
+
+def check_fits(tokens: np.ndarray, block_size: int, name: str, hint: str = "") -> None:
+    if len(tokens) < block_size + 1:
+        raise TextDataError(f"a window of block_size+1 tokens does not fit in {name} ({len(tokens)} tokens): "
+                            f"lower data.block_size{hint}")
+
+
+def eval_data(tokens: np.ndarray, block_size: int, eval_windows: int) -> TokenData:
+    """`eval_windows` starts evenly spaced over the split, or (0) every non-overlapping window."""
+    last = len(tokens) - block_size - 1
+    if eval_windows:
+        starts = np.linspace(0, last, eval_windows).round().astype(np.int64)
+    else:
+        starts = np.arange(0, last + 1, block_size, dtype=np.int64)
+    return TokenData(tokens, block_size, starts)
+
+
+# -- Shakespeare ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=2)
+def load_corpus(root: Path) -> dict[str, bytes]:
+    """{work: text} in manifest order, every text checked against its SHA-256 (once per process and folder)."""
+    restore = "restore it (in the repo: `git checkout -- data/shakespeare`)"
+    manifest = root / "MANIFEST.tsv"
+    if not manifest.is_file():
+        raise TextDataError(f"{manifest} not found: data.root must be a folder with MANIFEST.tsv and works/; "
+                            f"{restore}, or leave data.root empty for the repo's bundle")
+    works = {}
+    for line, row in enumerate(manifest.read_text(encoding="utf-8").splitlines()[1:], start=2):
+        if row.count("\t") != 3:
+            raise TextDataError(f"{manifest} line {line} is not work, title, bytes, sha256 (tab-separated): {restore}")
+        work, _title, _size, sha256 = row.split("\t")
+        path = root / "works" / f"{work}.txt.gz"
+        if not path.is_file():
+            raise TextDataError(f"{path} is missing (listed in {manifest}): {restore}")
+        try:
+            text = gzip.decompress(path.read_bytes())
+        except (OSError, EOFError) as exc:
+            raise TextDataError(f"{path} is not a readable gzip file ({exc}): {restore}") from None
+        if hashlib.sha256(text).hexdigest() != sha256:
+            raise TextDataError(f"{path} is corrupt (SHA-256 of its text is not the one in MANIFEST.tsv): {restore}")
+        works[work] = text
+    return works
+
+
+def shakespeare(root: str, block_size: int, eval_windows: int, subset: int) -> TextSplits:
+    folder = Path(root).resolve() if root else BUNDLE
+    works = load_corpus(folder)
+    held_out = VAL_WORKS + TEST_WORKS
+    if not set(held_out) <= works.keys():
+        raise TextDataError(f"{folder / 'MANIFEST.tsv'} lacks {sorted(set(held_out) - works.keys())}, held out by "
+                            f"the split (VAL_WORKS, TEST_WORKS in text.py): use a complete copy of the corpus")
+
+    def join(names) -> np.ndarray:
+        text = b"".join(works[w] + SEPARATOR for w in works if w in names)  # in manifest order
+        return np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
+
+    train, val, test = join([w for w in works if w not in held_out]), join(VAL_WORKS), join(TEST_WORKS)
+    train = train[:subset] if subset > 0 else train
+    check_fits(train, block_size, "Shakespeare's train split", " or raise data.subset" if subset > 0 else "")
+    check_fits(val, block_size, "Shakespeare's val split")
+    check_fits(test, block_size, "Shakespeare's test split")
+    return TextSplits(TokenData(train, block_size), eval_data(val, block_size, eval_windows),
+                      eval_data(test, block_size, eval_windows), 256, block_size, torch.ones(256, dtype=torch.float64))
+
+
+# -- nanoGPT's .bin files ------------------------------------------------------------------------------------------
+class RefuseGlobals(pickle.Unpickler):
+    """Loads plain data only: a pickle runs code solely through the globals it imports, and every import is refused."""
+
+    def __init__(self, file, path: Path):
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        raise TextDataError(f"{self.path} wants to import {module}.{name}: refused (a pickle from a dataset must "
+                            f"not run code); write meta.json instead")
+
+
+def read_meta(root: Path) -> tuple[Path, dict]:
+    """(path, meta) from meta.json or meta.pkl, with an int vocab_size > 0 and itos (if any) as {id: str}."""
+    path = root / "meta.json" if (root / "meta.json").is_file() else root / "meta.pkl"
+    if not path.is_file():
+        raise TextDataError(f"{root} has no meta file (looked for meta.json and meta.pkl): write meta.json with "
+                            f'{{"vocab_size": N}}')
+    try:
+        if path.suffix == ".json":
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            with path.open("rb") as f:
+                meta = RefuseGlobals(f, path).load()
+    except TextDataError:
+        raise
+    except Exception as exc:  # whatever a damaged file makes the parser raise: one line naming the file
+        raise TextDataError(f"{path} cannot be read ({type(exc).__name__}: {exc}): rewrite it") from None
+    size = meta.get("vocab_size") if isinstance(meta, dict) else None
+    if type(size) is not int or size <= 0:
+        raise TextDataError(f"{path} must hold a dict with an int vocab_size > 0; got {type(meta).__name__} "
+                            f"with vocab_size={size!r}")
+    itos = meta.get("itos")
+    if isinstance(itos, list):
+        itos = dict(enumerate(itos))
+    if itos is not None:
+        if not isinstance(itos, dict) or not all(isinstance(s, str) and str(i).isdigit() for i, s in itos.items()):
+            raise TextDataError(f"{path}: itos must map token ids to strings (a dict, or a list of strings)")
+        meta["itos"] = {int(i): s for i, s in itos.items()}  # JSON's keys are strings
+    return path, meta
+
+
+def open_bin(path: Path, dtype: type, vocab_size: int, meta_path: Path, block_size: int, limit: int = 0) -> np.memmap:
+    """The file's first `limit` tokens (0: all) memory-mapped, after checking its length and every token id."""
+    size, itemsize = path.stat().st_size, np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise TextDataError(f"{path} has {size} bytes, not a multiple of {itemsize} ({np.dtype(dtype).name} "
+                            f"tokens): the file is truncated or {meta_path.name}'s dtype is wrong")
+    count = min(size // itemsize, limit) if limit > 0 else size // itemsize
+    if count < block_size + 1:
+        raise TextDataError(f"a window of block_size+1 tokens does not fit in {path.name} ({count} tokens): "
+                            f"lower data.block_size" + (" or raise data.subset" if limit > 0 else ""))
+    tokens = np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+    for start in range(0, count, SCAN_CHUNK):
+        chunk = tokens[start:start + SCAN_CHUNK]
+        if chunk.max() >= vocab_size:
+            bad = int(np.argmax(chunk >= vocab_size))
+            raise TextDataError(f"{path}: token id {chunk[bad]} at position {start + bad} is >= vocab_size "
+                                f"{vocab_size} of {meta_path}: the .bin and the meta file do not belong together")
+    return tokens
+
+
+def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSplits:
+    folder = Path(root)
+    if not root or not folder.is_dir():
+        raise TextDataError(f"data.root={root!r} is not a folder: the tokens dataset needs one holding train.bin, "
+                            f"val.bin (optional test.bin) and meta.json or meta.pkl")
+    for name in ("train.bin", "val.bin"):
+        if not (folder / name).is_file():
+            raise TextDataError(f"{folder / name} not found: write the token ids there (numpy's tofile)")
+    meta_path, meta = read_meta(folder)
+    vocab_size = meta["vocab_size"]
+    dtype_name = meta.get("dtype", "uint16" if vocab_size <= 65536 else "uint32")
+    if dtype_name not in DTYPES or (dtype_name == "uint16" and vocab_size > 65536):
+        raise TextDataError(f"{meta_path}: dtype {dtype_name!r} cannot hold vocab_size {vocab_size}: use "
+                            f"'uint16' (vocab_size <= 65536) or 'uint32'")
+    dtype = DTYPES[dtype_name]
+    train = open_bin(folder / "train.bin", dtype, vocab_size, meta_path, block_size, subset)
+    val = open_bin(folder / "val.bin", dtype, vocab_size, meta_path, block_size)
+    test = None
+    if (folder / "test.bin").is_file():
+        test = eval_data(open_bin(folder / "test.bin", dtype, vocab_size, meta_path, block_size), block_size,
+                         eval_windows)
+    itos = meta.get("itos")
+    bytes_per_token = None
+    if itos is not None and all(i in itos for i in range(vocab_size)):
+        bytes_per_token = torch.tensor([len(itos[i].encode("utf-8")) for i in range(vocab_size)],
+                                       dtype=torch.float64)
+    return TextSplits(TokenData(train, block_size), eval_data(val, block_size, eval_windows), test, vocab_size,
+                      block_size, bytes_per_token)
+
+
+# -- tokenizers ----------------------------------------------------------------------------------------------------
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255 (shakespeare)."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+class CharTokenizer:
+    """One token per character, from a meta file's stoi/itos (nanoGPT's shakespeare_char)."""
+
+    def __init__(self, stoi: dict[str, int], itos: dict[int, str], meta_path: Path):
+        self.stoi, self.itos, self.meta_path = stoi, itos, meta_path
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - self.stoi.keys())
+        if unknown:
+            raise TextDataError(f"characters not in the vocabulary of {self.meta_path}: {''.join(unknown)!r}")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.itos.get(i, "\ufffd") for i in ids)  # an id without a string, as bytes' errors="replace"
+
+
+def tokenizer(dataset: str, root: str) -> Tokenizer:
+    if dataset == "shakespeare":
+        return ByteTokenizer()
+    if dataset != "tokens":
+        raise TextDataError(f"no tokenizer for dataset {dataset!r}: the text datasets are shakespeare and tokens")
+    if not root or not Path(root).is_dir():
+        raise TextDataError(f"data.root={root!r} is not a folder: the tokens dataset's meta file lives there")
+    meta_path, meta = read_meta(Path(root))
+    itos, stoi = meta.get("itos"), meta.get("stoi")
+    if itos is None and stoi is None:
+        raise TextDataError(f"{meta_path} has no itos/stoi, so text cannot be encoded: add itos (id -> string)")
+    if stoi is None:
+        stoi = {s: i for i, s in itos.items()}
+    if not isinstance(stoi, dict) or not all(isinstance(s, str) and len(s) == 1 and type(i) is int
+                                             for s, i in stoi.items()):
+        raise TextDataError(f"{meta_path}: a char-level tokenizer needs stoi/itos of single characters and int ids")
+    if itos is None:
+        itos = {i: s for s, i in stoi.items()}
+    return CharTokenizer(stoi, itos, meta_path)
