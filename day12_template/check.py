@@ -10,6 +10,7 @@ import errno
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import resource
@@ -436,6 +437,112 @@ def test_switching_dataset_or_model_is_a_config_change_and_each_trains(name, tmp
     val = [r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "val"][-1]
     gates.check(f"{name}: validation accuracy after a short run (chance 0.10)", val["val_acc"], ">", 0.3)
     assert result["test_acc"] > 0.3, result
+
+
+# --- language models: a GPT on the bundled Shakespeare, nanoGPT's token files, generation -------------------------
+def unigram_loss(splits: data.Splits) -> float:
+    """Cross-entropy of the validation windows' targets under the training tokens' frequencies (add-one smoothed):
+    what a model that ignores the context scores."""
+    vocab = splits.info.vocab_size
+    counts = torch.bincount(torch.from_numpy(splits.train.tokens.astype("int64")), minlength=vocab).double() + 1
+    log_p = (counts / counts.sum()).log()
+    _, targets = splits.val.batch(-1, torch.arange(len(splits.val)))
+    return -log_p[targets.flatten()].mean().item()
+
+
+def test_a_tiny_gpt_learns_shakespeare_beyond_byte_frequencies_in_seconds(tmp_path):
+    values = {**TINY_LM, "train.steps": 120, "train.eval_every": 120, "data.eval_windows": 256, "model.gpt.dropout": 0.0}
+    cfg = cfg_of(values, tmp_path / "run")
+    t0 = time.perf_counter()
+    result = train.run(cfg)
+    seconds = time.perf_counter() - t0
+    baseline = unigram_loss(data.build(cfg.data, 0))
+    gates.check("tiny GPT (2 x 32 wide), 120 steps of 32 windows x 32 bytes: val loss / the unigram baseline "
+                f"({baseline:.3f} nats)", result["best_val_loss"] / baseline, "<", 0.97)
+    gates.check("tiny GPT on Shakespeare: seconds in-process", seconds, "<", 30)
+    record = [r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "test"][0]
+    gates.check("test record: bits per byte = nats per byte / ln 2 (byte tokens)",
+                abs(record["test_bpb"] * math.log(2) - record["test_loss"]), "<", 1e-9)
+
+
+@pytest.mark.slow
+def test_shakespeare_cpu_config_cut_to_600_steps_reaches_its_val_loss(tmp_path):
+    cfg = config.load(str(HERE / "configs/shakespeare_cpu.toml"), [f"run.out_dir={tmp_path / 'run'}", "train.steps=600",
+                                                                    "train.eval_every=600", "train.progress=off"])
+    result = train.run(cfg)
+    gates.check("shakespeare_cpu.toml (nanoGPT's CPU recipe) cut to 600 steps: val loss on the held-out works "
+                "(nats per byte; measured 2.28)", result["best_val_loss"], "<", 2.40)
+
+
+def token_folder(folder: Path, train_ids, val_ids, vocab: int, dtype: str = "uint16") -> Path:
+    """nanoGPT's on-disk format: raw token ids in train.bin / val.bin and the vocabulary in meta.json."""
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    np.asarray(train_ids, dtype=dtype).tofile(folder / "train.bin")
+    np.asarray(val_ids, dtype=dtype).tofile(folder / "val.bin")
+    (folder / "meta.json").write_text(json.dumps({"vocab_size": vocab}))
+    return folder
+
+
+def test_nanogpt_token_files_train_a_gpt_memory_mapped(tmp_path):
+    ids = torch.randint(0, 50, (20_000,), generator=torch.Generator().manual_seed(0)).tolist()
+    root = token_folder(tmp_path / "tokens", ids[:18_000], ids[18_000:], vocab=50)
+    result = train.run(cfg_of({**TINY_LM, "data.dataset": "tokens", "data.root": str(root), "train.steps": 8,
+                               "train.eval_every": 8}, tmp_path / "run"))
+    splits = data.build(cfg_of({**TINY_LM, "data.dataset": "tokens", "data.root": str(root)}, tmp_path / "x").data, 0)
+    gates.check("tokens dataset: training split memory-mapped, vocabulary from meta.json",
+                [type(splits.train.tokens).__name__, splits.info.vocab_size, result["step"]], "==", ["memmap", 50, 8])
+
+
+BAD_TOKENS = {  # what is wrong -> (how to break a good folder, a word the one-line error must contain)
+    "a .bin of an odd byte length": (lambda f: (f / "val.bin").write_bytes((f / "val.bin").read_bytes() + b"\0"),
+                                     "val.bin"),
+    "a token id >= the vocabulary": (lambda f: (f / "meta.json").write_text('{"vocab_size": 3}'), "vocab"),
+    "no meta file": (lambda f: (f / "meta.json").unlink(), "meta"),
+    "a validation split shorter than a window": (lambda f: (f / "val.bin").write_bytes(b"\1\0" * 8), "block_size"),
+    "no folder at all": (lambda f: shutil.rmtree(f), "data.root"),
+}
+
+
+@pytest.mark.parametrize("fault", BAD_TOKENS)
+def test_bad_token_files_are_one_line_exit_1_and_no_run_folder(fault, tmp_path, capsys):
+    root = token_folder(tmp_path / "tokens", [1, 2, 3] * 200, [3, 2, 1] * 100, vocab=50)
+    breaks, word = BAD_TOKENS[fault]
+    breaks(root)
+    out = tmp_path / "run"
+    code = train.main(["--set", *sets({**TINY_LM, "data.dataset": "tokens", "data.root": str(root),
+                                       "run.out_dir": str(out)})])
+    err = capsys.readouterr().err.strip()
+    gates.check(f"tokens with {fault}: exit code, one error line naming it, run folder",
+                [code, len(err.splitlines()), word in err, out.exists()], "==", [1, 1, True, False])
+
+
+def test_doctor_checks_the_gpt_first_loss_against_ln_vocabulary_and_names_an_injected_nan(tmp_path, capsys):
+    # Dropout 0: with dropout 0.1 this tiny GPT gets 8 windows to loss 0.12, not below the overfit check's 0.05.
+    values = {**TINY_LM, "model.gpt.dropout": 0.0, "run.out_dir": str(tmp_path / "run")}
+    base = ["--set", *sets(values), "--out", str(tmp_path / "doctor")]
+    code = doctor.main(["--symptom", "loss", *base])
+    clean = capsys.readouterr().out
+    gates.check("doctor --symptom loss on a fresh GPT: exit code, first loss compared with ln(256)",
+                [code, "vs ln(256) = 5.545" in clean], "==", [0, True])
+    code = doctor.main(["--symptom", "nan", "--fault", "nan@blocks.1.attn", *base])
+    text = capsys.readouterr().out
+    gates.check("doctor --symptom nan --fault nan@blocks.1.attn on the GPT: exit 3 and the module named",
+                code == 3 and "first module with a non-finite output: blocks.1.attn" in text, "==", True)
+
+
+def test_sample_py_writes_text_from_a_run_in_a_copy_outside_the_repo(tmp_path):
+    copy = Path(shutil.copytree(HERE, tmp_path / "my_project", ignore=shutil.ignore_patterns("runs", "__pycache__")))
+    bundle = str(ROOT / "data" / "shakespeare")  # outside the repo the bundle is wherever data.root says
+    train_cmd = [sys.executable, "train.py", "--set", *sets({**TINY_LM, "train.steps": 16, "data.root": bundle,
+                                                               "run.out_dir": "runs/lm"})]
+    code, text = launch(train_cmd, cwd=copy, env=child_env(PYTHONPATH=""))
+    assert code == 0, text
+    code, text = launch([sys.executable, "sample.py", "--run", "runs/lm", "--prompt", "ROMEO:", "--tokens", "40"],
+                        cwd=copy, env=child_env(PYTHONPATH=""))
+    gates.check("sample.py in a copy outside the repo: exit code, the prompt continued, tokens/s reported",
+                [code, text.startswith("ROMEO:"), "tokens/s, KV cache" in text], "==", [0, True, True])
 
 
 # --- exact resume after SIGKILL -------------------------------------------------------------------------------------

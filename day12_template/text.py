@@ -23,6 +23,7 @@ import gzip
 import hashlib
 import json
 import pickle
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -51,18 +52,22 @@ class TokenData:
 
     def __init__(self, tokens: np.ndarray, block_size: int, starts: np.ndarray | None = None):
         self.tokens, self.block_size = tokens, block_size
-        self.starts = None if starts is None else np.asarray(starts, dtype=np.int64)
-        self.window = np.arange(block_size + 1, dtype=np.int64)  # offsets of one window's x and its last target
+        self.starts = None if starts is None else torch.as_tensor(np.asarray(starts, dtype=np.int64))
+        self.window = torch.arange(block_size + 1)  # offsets of one window's x and its last target
 
     def __len__(self) -> int:
         return len(self.tokens) - self.block_size if self.starts is None else len(self.starts)
 
     def batch(self, epoch: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The windows at `indices` (epoch is unused: text windows have no augmentation)."""
-        starts = torch.as_tensor(indices).numpy().astype(np.int64)
+        """The windows at `indices` (epoch is unused: text windows have no augmentation), gathered by torch from
+        the tokens in place: no copy of the stream, no round trip through NumPy."""
+        starts = torch.as_tensor(indices)
         if self.starts is not None:
             starts = self.starts[starts]
-        windows = torch.from_numpy(self.tokens[starts[:, None] + self.window].astype(np.int64))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a read-only memmap: torch only reads it
+            tokens = torch.from_numpy(self.tokens)
+        windows = tokens[starts[:, None] + self.window].long()
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
     def __getstate__(self) -> dict:
