@@ -1,11 +1,14 @@
-"""Day 12 benchmark: what the template's loop costs, and what a second rank buys.
+"""Day 12 benchmark: what the template's loop costs, what a second rank buys, how fast the GPT trains and writes.
 
 1. Overhead. The template (DataLoader over micro-batch keys, the per-step flag sync, logging every 10 steps, a
    checkpoint every 100, the tqdm bar drawn) against a bare hand-written loop doing the same math (same model, data,
    batch, AdamW groups, warmup + cosine, clipping), alternated in one process, each timed over steps 10-210 (warm-up
-   and the final evaluation left out). Goal: <= 5% slower.
+   and the final evaluation left out). Goal: <= 5% slower. Measured for the image config (mnist_mlp) and for the
+   GPT (shakespeare_cpu: nanoGPT's CPU recipe), whose train records also give tokens/s and MFU (model FLOP/s over
+   this CPU's fp32 matmul peak, measured by the run at its start).
 2. Scale-out. The same global batch trained by 1 process (1 thread), 1 process (2 threads) and torchrun with 2 ranks
    of 1 thread each (DDP, gloo): samples/s over steps 10-210.
+3. Generation. sample.py's tokens/s for 500 new tokens with and without the KV cache, on the GPT trained in 1.
 
 Run:  python day12_template/bench.py                       (writes day12_template/runs/bench/bench.{json,md})
       python day12_template/bench.py --out day12_template/results
@@ -24,15 +27,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import config  # noqa: E402
 import data  # noqa: E402
 import models  # noqa: E402
 import runlog  # noqa: E402
+import sample  # noqa: E402
+import tasks  # noqa: E402
+import text  # noqa: E402
 import train  # noqa: E402
 
-FIRST, LAST = 10, 210  # steps timed: after warm-up, before the end-of-epoch evaluation (214 steps an epoch)
+FIRST, LAST = 10, 210  # steps timed: after warm-up, before the first evaluation (mnist: 214 steps; GPT: 250)
+SAMPLE_TOKENS = 500
 BASE = [f"train.max_steps={LAST}", "train.log_every=10", "checkpoint.every_steps=100", "train.progress=bar"]
 
 
@@ -43,7 +49,7 @@ def steps_per_s(run_dir: Path, clock: str = "elapsed_s") -> float:
 
 
 def template(cfg_path: Path, runs: Path, i: int) -> tuple[float, float]:
-    out = runs / f"template-{i}"
+    out = runs / f"template-{cfg_path.stem}-{i}"
     shutil.rmtree(out, ignore_errors=True)
     cfg = config.load(str(cfg_path), [*BASE, f"run.out_dir={out}"])
     stderr, sys.stderr = sys.stderr, open(os.devnull, "w")  # the bar is drawn (its cost counts), not shown
@@ -56,20 +62,24 @@ def template(cfg_path: Path, runs: Path, i: int) -> tuple[float, float]:
 
 
 def bare(cfg_path: Path) -> tuple[float, float]:
-    """The same training step, hand-written: no loader, no sync, no logs, no checkpoints."""
+    """The same training step, hand-written: no loader, no sync, no logs, no checkpoints; the same batches, drawn
+    by the template's sampler."""
     cfg = config.load(str(cfg_path), BASE)
+    tc = cfg.train
     train.seed_everything(cfg.run.seed, cfg.run.deterministic, False)
     splits = data.build(cfg.data, cfg.run.seed)
+    task = tasks.for_data(splits.info)
     model = models.build(cfg.model, splits.info)
     optimizer = train.build_optimizer(model, cfg.optim)
-    steps_per_epoch = len(splits.train) // cfg.train.batch_size
-    scheduler = train.warmup_cosine(optimizer, cfg.train.epochs * steps_per_epoch, cfg.optim)
-    order = torch.randperm(len(splits.train), generator=torch.Generator().manual_seed(cfg.run.seed))
+    sampler = data.ResumableSampler(len(splits.train), tc.batch_size, tc.batch_size, 0, 1, cfg.run.seed,
+                                    draws=tc.eval_every or tc.steps)
+    scheduler = train.warmup_cosine(optimizer, train.run_length(tc, sampler)[1], cfg.optim)
+    keys = iter(sampler)
     for step in range(LAST):
         if step == FIRST:
             t0, c0 = time.perf_counter(), time.process_time()
-        x, y = splits.train.batch(0, order[step * cfg.train.batch_size:(step + 1) * cfg.train.batch_size])
-        loss = F.cross_entropy(model(x), y)
+        x, y = splits.train.batch(*next(keys))
+        loss = task.loss(model(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         optimizer.step()
@@ -93,6 +103,22 @@ def overhead(cfg_path: Path, runs: Path, repeats: int) -> dict:
     return out
 
 
+def gpt_figures(cfg_path: Path, run_dir: Path) -> dict:
+    """tokens/s and MFU of the template's GPT (a timed round's run folder), and sample.py's speed with and without
+    the KV cache on that run's weights."""
+    rec = {r["step"]: r for r in runlog.read_metrics(run_dir) if r["kind"] == "train"}
+    model, cfg = sample.load_model(run_dir / "last.pt")
+    tokenizer = text.tokenizer(cfg.data.dataset, cfg.data.root)
+    speed = {}
+    for name, use_cache in (("kv_cache", True), ("no_cache", False)):
+        _, seconds = sample.generate(model, tokenizer, "ROMEO:", SAMPLE_TOKENS, 0.8, 50, 0, use_cache)
+        speed[name] = SAMPLE_TOKENS / seconds
+        print(f"  sample.py, {name}: {speed[name]:,.0f} tokens/s", flush=True)
+    return {"config": cfg_path.name, "tokens_per_s": rec[LAST]["tokens_per_s"], "mfu": rec[LAST]["mfu"],
+            "sample_tokens": SAMPLE_TOKENS, "sample_tokens_per_s": speed,
+            "cache_speedup": speed["kv_cache"] / speed["no_cache"]}
+
+
 def scale_out(cfg_path: Path, runs: Path) -> dict:
     """samples/s of 1 process (1 and 2 threads) and of torchrun with 2 single-thread ranks, same global batch."""
     rows = {}
@@ -114,16 +140,26 @@ def scale_out(cfg_path: Path, runs: Path) -> dict:
     return rows
 
 
+def overhead_rows(o: dict) -> list[str]:
+    w, c = o["wall"], o["cpu"]
+    return ["| loop | steps/s, wall clock | steps/s, process CPU time |", "|---|---:|---:|",
+            f"| bare hand-written loop | {w['bare_steps_per_s']:.1f} | {c['bare_steps_per_s']:.1f} |",
+            f"| template (loader, flag sync, log every 10, checkpoint every 100, tqdm bar) | "
+            f"{w['template_steps_per_s']:.1f} | {c['template_steps_per_s']:.1f} |",
+            f"| **template overhead** (goal <= 5%) | **{100 * w['overhead']:+.1f}%** | {100 * c['overhead']:+.1f}% |"]
+
+
 def markdown(res: dict) -> str:
-    o, w, c = res["overhead"], res["overhead"]["wall"], res["overhead"]["cpu"]
+    g = res["gpt"]
     lines = [f"Config `{res['config']}` (batch {res['batch_size']}), steps {FIRST}-{LAST}, one thread, on "
-             f"{res['machine']}, torch {res['torch']}; medians of {o['rounds']} alternated rounds.", "",
-             "| loop | steps/s, wall clock | steps/s, process CPU time |", "|---|---:|---:|",
-             f"| bare hand-written loop | {w['bare_steps_per_s']:.1f} | {c['bare_steps_per_s']:.1f} |",
-             f"| template (loader, flag sync, log every 10, checkpoint every 100, tqdm bar) | "
-             f"{w['template_steps_per_s']:.1f} | {c['template_steps_per_s']:.1f} |",
-             f"| **template overhead** (goal <= 5%) | **{100 * w['overhead']:+.1f}%** | {100 * c['overhead']:+.1f}% |",
-             "",
+             f"{res['machine']}, torch {res['torch']}; medians of {res['overhead']['rounds']} alternated rounds.", "",
+             *overhead_rows(res["overhead"]), "",
+             f"The GPT, `{g['config']}` (nanoGPT's CPU recipe: 4 x 4 x 128, context 64, batch 12), the same way:", "",
+             *overhead_rows(res["gpt_overhead"]), "",
+             f"Its template run: {g['tokens_per_s']:,.0f} tokens/s, MFU {100 * g['mfu']:.1f}% of this CPU's fp32 "
+             f"matmul peak (one thread). sample.py, {g['sample_tokens']} new tokens: "
+             f"{g['sample_tokens_per_s']['kv_cache']:,.0f} tokens/s with the KV cache, "
+             f"{g['sample_tokens_per_s']['no_cache']:,.0f} without ({g['cache_speedup']:.1f}x).", "",
              "| scale-out, same global batch | samples/s | vs 1 process, 1 thread |", "|---|---:|---:|"]
     lines += [f"| {k} | {v['samples_per_s']:,.0f} | {v['vs_1_process_1_thread']:.2f}x |"
               for k, v in res["scale_out"].items()]
@@ -133,6 +169,7 @@ def markdown(res: dict) -> str:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=HERE / "configs" / "mnist_mlp.toml")
+    parser.add_argument("--gpt-config", type=Path, default=HERE / "configs" / "shakespeare_cpu.toml")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=HERE / "runs" / "bench")
     args = parser.parse_args(argv)
@@ -144,6 +181,9 @@ def main(argv=None) -> dict:
     res = {"config": args.config.name, "batch_size": config.load(str(args.config), []).train.batch_size,
            "machine": runlog.cpu_name() if not torch.cuda.is_available() else torch.cuda.get_device_name(),
            "torch": torch.__version__, "overhead": overhead(args.config, runs, args.repeats)}
+    print(f"overhead of the template's loop on the GPT ({args.repeats} rounds) ...", flush=True)
+    res["gpt_overhead"] = overhead(args.gpt_config, runs, args.repeats)
+    res["gpt"] = gpt_figures(args.gpt_config, runs / f"template-{args.gpt_config.stem}-{args.repeats - 1}")
     print("scale-out ...", flush=True)
     res["scale_out"] = scale_out(args.config, runs)
     args.out.mkdir(parents=True, exist_ok=True)

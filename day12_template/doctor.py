@@ -4,7 +4,7 @@
     python doctor.py --config configs/mnist_mlp.toml --symptom loss        # loss not decreasing
     python doctor.py --config configs/mnist_mlp.toml --symptom exploding   # exploding or vanishing gradients
     python doctor.py --config configs/mnist_mlp.toml --symptom gpu         # low GPU utilisation
-    python doctor.py --config configs/mnist_mlp.toml --symptom all --set model.depth=4
+    python doctor.py --config configs/mnist_mlp.toml --symptom all --set model.mlp.depth=4
     python doctor.py --config configs/mnist_mlp.toml --symptom nan --fault sqrt_neg@blocks.0.0   # watch it find a bug
 
 The checks run cheapest first (troubleshoot/checklists.py) on a fresh model built from the config, or on the

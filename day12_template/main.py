@@ -1,9 +1,11 @@
 """Day 12 — the reusable training template, shown on every config it ships.
 
 The file you keep is train.py (README.md says how to adapt it). This demo runs it on each config in configs/: MNIST +
-MLP to the end (the G0 gate: > 98% test accuracy), the others capped at --max-steps optimizer steps, an image folder
-made of MNIST digits for configs/imagefolder.toml. Then one table: what each config reached, how fast, where. Last,
-the troubleshooting doctor (doctor.py) on configs/mnist_mlp.toml: clean, then with one known bug per symptom.
+MLP and the GPT on Shakespeare to the end (G0: > 98% test accuracy; then a sample of what the GPT writes), the
+other image configs capped at --max-steps optimizer steps, an image folder made of MNIST digits for
+configs/imagefolder.toml; the GPU and GPT-2 configs are listed, not run. Then one table: what each
+config reached, how fast, where. Last, the troubleshooting doctor (doctor.py) on configs/mnist_mlp.toml: clean, then
+with one known bug per symptom.
 
 Run:    python day12_template/main.py                 (~2 min on a 2-core CPU; runs in day12_template/runs/demo)
         python day12_template/main.py --quick         (every config capped at 20 steps: seconds each; no doctor)
@@ -28,10 +30,16 @@ import config  # noqa: E402
 import data  # noqa: E402
 import doctor  # noqa: E402
 import models  # noqa: E402
+import sample  # noqa: E402
+import text  # noqa: E402
 import train  # noqa: E402
 
-CONFIGS = ["synthetic_smoke", "mnist_mlp", "mnist_resnet", "fashion_mnist_resnet", "imagefolder"]
-FULL = {"synthetic_smoke", "mnist_mlp"}  # trained to the end; the others are capped
+CONFIGS = ["synthetic_smoke", "mnist_mlp", "mnist_resnet", "fashion_mnist_resnet", "imagefolder", "shakespeare_cpu",
+           "shakespeare_gpu", "gpt2_124m"]
+FULL = {"synthetic_smoke", "mnist_mlp", "shakespeare_cpu"}  # trained to the end; the others are capped or not run
+NOT_ON_CPU = {"shakespeare_gpu": "a GPU config (10.7 M parameters, context 256): seconds per step on a CPU",
+              "gpt2_124m": "needs your token files (data.root) and a GPU; `python memory.py --config "
+                           "configs/gpt2_124m.toml` estimates it"}
 DOCTOR = {"clean": ("all", ""), "nan_sqrt_neg": ("nan", "sqrt_neg@blocks.0.0"),  # run -> (symptom, fault put in)
           "loss_detach": ("loss", "detach@blocks.0"), "exploding_head": ("exploding", "explode@head"),
           "gpu_slow_data": ("gpu", "slow_data=0.02")}
@@ -63,6 +71,8 @@ def run_config(name: str, runs: Path, max_steps: int, digits: Path, mnist_root: 
         cfg = config.load(path, overrides + [f"data.root={mnist_root}"])
     shutil.rmtree(runs / name, ignore_errors=True)
     row = {"config": name, "dataset": cfg.data.dataset, "model": cfg.model.name, "capped_at": max_steps or None}
+    if name in NOT_ON_CPU and not torch.cuda.is_available():
+        return {**row, "skipped": NOT_ON_CPU[name]}
     t0 = time.perf_counter()
     try:
         result = train.run(cfg)
@@ -72,14 +82,33 @@ def run_config(name: str, runs: Path, max_steps: int, digits: Path, mnist_root: 
     val = [r for r in records if r["kind"] == "val"][-1]
     splits = data.build(cfg.data, cfg.run.seed)
     row["capped_at"] = max_steps if result["stopped_by"] == "max_steps" else None
+    row.update({k: v for k, v in val.items() if k.startswith("val_")})
+    row.update({k: v for k, v in result.items() if k.startswith("test_")})
     return {**row, "params": models.count_params(models.build(cfg.model, splits.info)), "steps": result["step"],
-            "epochs_run": val["epoch"] + 1, "val_acc": val["val_acc"], "test_acc": result.get("test_acc"),
-            "wall_s": time.perf_counter() - t0,
+            "epochs_run": val["epoch"] + 1, "wall_s": time.perf_counter() - t0, "test_acc": result.get("test_acc"),
             "samples_per_s": max((r["samples_per_s"] for r in records if r["kind"] == "train"), default=None)}
 
 
+def headline(row: dict, split: str) -> str:
+    """A split's figure for the table: accuracy for a classifier, nats and bits per byte for a language model."""
+    if row.get(f"{split}_acc") is not None:
+        return f"{100 * row[f'{split}_acc']:.2f}%"
+    if row.get(f"{split}_loss") is not None:
+        return f"{row[f'{split}_loss']:.3f} nats ({row[f'{split}_bpb']:.3f} bits/byte)"
+    return "—"
+
+
+def write_sample(runs: Path, name: str = "shakespeare_cpu", tokens: int = 300) -> str:
+    """What the GPT writes after `ROMEO:` (sample.py's defaults: temperature 0.8, top-k 50, seed 0)."""
+    model, cfg = sample.load_model(runs / name / "best.pt")
+    tokenizer = text.tokenizer(cfg.data.dataset, cfg.data.root)
+    written, seconds = sample.generate(model, tokenizer, "ROMEO:", tokens, 0.8, 50, 0)
+    return (f"`python sample.py --run runs/{name} --prompt \"ROMEO:\" --tokens {tokens}` ({tokens / seconds:,.0f} "
+            f"tokens/s with the KV cache):\n\n```text\n{written}\n```")
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| config | dataset | model | parameters | optimizer steps | val acc | test acc (best.pt) | wall s |",
+    lines = ["| config | dataset | model | parameters | optimizer steps | val | test (best.pt) | wall s |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "skipped" in r:
@@ -87,10 +116,13 @@ def table(rows: list[dict]) -> str:
                          f"| — |")
             continue
         epochs = f"{r['epochs_run']} epoch{'s' if r['epochs_run'] > 1 else ''}"
-        steps = f"{r['steps']} (capped)" if r["capped_at"] else f"{r['steps']} ({epochs})"
-        test = "—" if r["test_acc"] is None else f"{100 * r['test_acc']:.2f}%"
+        steps = f"{r['steps']} ({epochs})"
+        if r["capped_at"]:
+            steps = f"{r['steps']} (capped)"
+        elif r["dataset"] in ("shakespeare", "tokens"):
+            steps = f"{r['steps']} (the whole schedule)"
         lines.append(f"| {r['config']} | {r['dataset']} | {r['model']} | {r['params']:,} | {steps} | "
-                     f"{100 * r['val_acc']:.2f}% | {test} | {r['wall_s']:.1f} |")
+                     f"{headline(r, 'val')} | {headline(r, 'test')} | {r['wall_s']:.1f} |")
     return "\n".join(lines)
 
 
@@ -136,18 +168,24 @@ def main(argv=None) -> list[dict]:
         cap = 20 if args.quick else (0 if name in FULL else args.max_steps)
         print(f"\n== {name}" + (f" (capped at {cap} steps)" if cap else ""), flush=True)
         rows.append(run_config(name, args.runs, cap, digits, args.data_root))
-    text = table(rows)
+    report = table(rows)
+    written = None
+    if not args.quick and (args.runs / "shakespeare_cpu" / "best.pt").exists():
+        written = write_sample(args.runs)
     machine = train.runlog.cpu_name() if not torch.cuda.is_available() else torch.cuda.get_device_name()
     note = (f"\nMeasured by `python day12_template/main.py{' --quick' if args.quick else ''}` on {machine}, torch "
             f"{torch.__version__}, {torch.get_num_threads()} thread(s); all configs in one process, one after "
             f"another.\n")
     if not args.quick:
-        text += "\n\n" + doctor_demo(out / "doctor")
-    print("\n" + text + note)
+        report += "\n\n" + doctor_demo(out / "doctor")
+    print("\n" + report + note)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text(text + "\n" + note)
+    (out / "summary.md").write_text(report + "\n" + note)
     (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"wrote {out / 'summary.md'} and summary.json")
+    if written:
+        print("\n" + written)
+        (out / "sample.md").write_text(written + "\n")
+    print(f"wrote {out / 'summary.md'}, summary.json" + (" and sample.md" if written else ""))
     return rows
 
 

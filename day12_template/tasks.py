@@ -2,18 +2,10 @@
 evaluation adds up, and the metrics it reports. The data says which task it is (`info.task`), so the loop never
 knows whether it trains a classifier or a language model.
 
-A new task is one registered class with the four members below, e.g. regression:
-
-    @register("regress")
-    class Regress:
-        sums = ("squared_error", "samples")
-        def __init__(self, info): ...
-        def loss(self, out, y): return F.mse_loss(out.float(), y)
-        def eval_sums(self, out, y): return torch.stack([F.mse_loss(out.float(), y, reduction="sum"),
-                                                         torch.tensor(float(len(y)), device=y.device)])
-        def metrics(self, sums): return {"loss": sums[0] / sums[1]}
-
-and data whose info says `task = "regress"` (data.py) and a model registered for it (models.py).
+A new task is one registered class: the `sums` an evaluation adds up, `loss`, `eval_sums`, `metrics`, `describe`,
+and two attributes: `classes` (what a uniform guess divides among: the doctor's first-loss check expects
+ln(classes)) and `tokens_per_sample` (None, or the tokens in one sample: tokens/s and MFU). README.md shows
+regression, whole; its data's info says `task = "regress"` (data.py) and a model is registered for it (models.py).
 """
 import math
 

@@ -191,6 +191,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     scheduler = warmup_cosine(optimizer, total_steps, cfg.optim)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.amp and tc.amp_dtype == "float16")  # fp16 only
     autocast = models.autocast(tc, device.type)
+    speed = runlog.Speed(tc.batch_size, task.tokens_per_sample, model, device, tc)  # measures the CPU's peak: first
     progress = Progress()
     if ckpt:
         distributed.load_model_state(model, ckpt["model"], d)
@@ -210,18 +211,19 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                         runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
     closing.callback(log.close)
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
-            f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if tc.steps else 'images'}) | "
+            f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if tc.steps else 'samples'}) | "
             f"{device} x {d.world} | {run_dir}")
     if ckpt:
-        log.say(f"resumed from {resume} at step {progress.step} (period {sampler.epoch + 1}, sample "
-                f"{sampler.position:,})" + ("" if ckpt["world_size"] == d.world else
-                                            f"; {ckpt['world_size']} -> {d.world} ranks: same samples, new dropout"))
+        resumed = (f"resumed from {resume} at step {progress.step} (period {sampler.epoch + 1}, sample "
+                   f"{sampler.position:,})")
+        if ckpt["world_size"] != d.world:
+            resumed += f"; {ckpt['world_size']} -> {d.world} ranks: same samples, new dropout"
+        log.say(resumed)
         if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt, resume)):
             log.say(note)
     for hook in hooks:
         hook.attach(model, module, progress)
     prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
-    speed = runlog.Speed(tc.batch_size, task.tokens_per_sample, model, device, tc)
 
     def save(is_best: bool = False) -> None:
         """Every rank gathers; rank 0 writes. Model and optimizer are full, plain state dicts (names, no prefixes)."""
@@ -315,7 +317,11 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     if best := checkpoint.load_best(run_dir, best_step, resume):
         distributed.load_model_state(model, best["model"], d)
     tested = f"best.pt, step {best_step}" if best else f"the last weights, step {progress.step}: best.pt is gone"
-    stopped_by = "early_stop" if early_stopped() else "max_steps" if progress.step < total_steps else "done"
+    stopped_by = "done"
+    if early_stopped():
+        stopped_by = "early_stop"
+    elif progress.step < total_steps:
+        stopped_by = "max_steps"
     result = {"step": progress.step, "stopped_by": stopped_by, "best_step": best_step,
               "best_val_loss": progress.best["val_loss"], "run_dir": str(run_dir), "tested": tested}
     if "test" in evals:

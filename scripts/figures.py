@@ -102,6 +102,19 @@ def day11_stage(name: str, field: str):
     return (stages[0] if name == "naive" else stages[-1])[field]
 
 
+def day12_nanogpt() -> tuple[float, float]:
+    """d12/nanogpt.json: (the template's tokens/s over nanoGPT's, the tuned run's time to nanoGPT's final val loss over
+    nanoGPT's own)."""
+    runs = read("d12/nanogpt.json")["runs"]
+    nano, tuned = runs["nanogpt"], runs["template, tuned"]
+    target = nano["val_loss_by_step"][str(nano["steps"])]
+
+    def time_to(run):
+        return min(run["time_to_eval_s"][s] for s, v in run["val_loss_by_step"].items() if v <= target)
+
+    return runs["template"]["tokens_per_s"] / nano["tokens_per_s"], time_to(tuned) / time_to(nano)
+
+
 def day12_config(name: str, field: str):
     """d12/summary.json: the row of config `name`, one field."""
     return next(r[field] for r in read("d12/summary.json") if r["config"] == name)
@@ -243,14 +256,15 @@ def days_table() -> str:
          "data/step {calc:day11_ratio_naive|.0%} → {calc:day11_ratio_opt|.1%}; epoch "
          "{calc:day11_epoch_naive|.1f} s → {calc:day11_epoch_opt|.1f} s ({calc:day11_speedup|.1f}×); test accuracy "
          "{calc:day11_acc_naive|.2%} → {calc:day11_acc_opt|.2%}"],
-        [12, "the reusable training template: `train.py` + config/data/models/checkpoint/distributed modules, "
-         "5 configs",
+        [12, "the reusable training template: `train.py` + task/config/data/models/checkpoint/distributed modules; "
+         "image classifiers and a GPT (KV-cache sampling), 8 configs",
          "TOML dataclass config + `--set`, `torchrun` DDP / FSDP2 (`fully_shard`), atomic checkpoints, `GradScaler`, "
-         "`torch.profiler`",
-         "MNIST config > 98%; SIGKILL/SIGTERM + resume bitwise; DDP 2×B = 1×2B; FSDP2 = DDP; bad config → exit 2, "
-         "nothing written",
-         "MNIST config {calc:day12_mnist_acc|.2%}; template loop overhead "
-         "{d12/bench.json:overhead.wall.overhead|+.1%} against a bare loop"],
+         "`scaled_dot_product_attention`, `torch.profiler`",
+         "MNIST config > 98%; SIGKILL/SIGTERM + resume bitwise for both tasks; DDP 2×B = 1×2B; FSDP2 = DDP; bad config "
+         "→ exit 2, nothing written",
+         "MNIST config {calc:day12_mnist_acc|.2%}; the GPT {calc:day12_gpt_val|.3f} nats/char on held-out works; "
+         "nanoGPT's final loss in {calc:day12_nanogpt_time|.2f}× its time; loop overhead "
+         "{d12/bench.json:overhead.wall.overhead|+.1%}"],
     ]
     return table(["day", "folder", "deliverable", "key APIs", "gate", "measured"],
                  [[str(day), link(day), *cells] for day, *cells in rows])
@@ -329,6 +343,10 @@ def results_table() -> str:
         ["the template on every shipped config", "`python day12_template/main.py`",
          "MNIST + MLP {calc:day12_mnist_acc|.2%} test accuracy after {calc:day12_mnist_epochs} epochs; the other "
          "configs capped at {calc:day12_cap} steps"],
+        ["the template's GPT against nanoGPT's `train.py`", "`python day12_template/nanogpt_bench.py`",
+         "same files and model: tokens/s {calc:day12_nanogpt_speed|.2f}× nanoGPT's; val loss "
+         "{d12/nanogpt.json:runs.template.val_loss_by_step.2000|.3f} vs {d12/nanogpt.json:runs.nanogpt.val_loss_by_step.2000|.3f} "
+         "at 2,000 steps; nanoGPT's final loss in {calc:day12_nanogpt_time|.2f}× its time (tuned recipe)"],
         ["template loop overhead, DDP scaling", "`python day12_template/bench.py`",
          "overhead against a bare loop {d12/bench.json:overhead.wall.overhead|+.1%} (wall), "
          "{d12/bench.json:overhead.cpu.overhead|+.1%} (CPU time); DDP 2 ranks "
@@ -845,6 +863,9 @@ CALCS.update({
     "day12_mnist_acc": lambda: day12_config("mnist_mlp", "test_acc"),
     "day12_mnist_epochs": lambda: day12_config("mnist_mlp", "epochs_run"),
     "day12_cap": lambda: max(r["capped_at"] or 0 for r in read("d12/summary.json")),
+    "day12_gpt_val": lambda: day12_config("shakespeare_cpu", "val_loss"),
+    "day12_nanogpt_speed": lambda: day12_nanogpt()[0],
+    "day12_nanogpt_time": lambda: day12_nanogpt()[1],
 })
 
 BLOCKS.update({
