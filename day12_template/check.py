@@ -544,6 +544,10 @@ def test_sample_py_writes_text_from_a_run_in_a_copy_outside_the_repo(tmp_path):
                         cwd=copy, env=child_env(PYTHONPATH=""))
     gates.check("sample.py in a copy outside the repo: exit code, the prompt continued, tokens/s reported",
                 [code, text.startswith("ROMEO:"), "tokens/s, KV cache" in text], "==", [0, True, True])
+    code, text = launch([sys.executable, "sample.py", "--run", "runs/lm", "--prompt", ""], cwd=copy,
+                        env=child_env(PYTHONPATH=""))
+    gates.check("sample.py with an empty prompt: exit code, one error line, traceback",
+                [code, text.count("error:"), "Traceback" in text], "==", [2, 1, False])
 
 
 # --- exact resume after SIGKILL -------------------------------------------------------------------------------------

@@ -14,16 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # the template's modules, wherever it is run from
+import torch
 
-import torch  # noqa: E402
-
-import checkpoint  # noqa: E402
-import config  # noqa: E402
-import data  # noqa: E402
-import models  # noqa: E402
-import text  # noqa: E402
+import checkpoint
+import config
+import data
+import models
+import text
 
 
 def load_model(path: Path) -> tuple[torch.nn.Module, config.Config]:
@@ -65,6 +62,8 @@ def main(argv=None) -> int:
         parser.error("give one of --run or --checkpoint")
     if args.tokens < 1 or args.temperature < 0 or args.top_k < 0 or args.seed < 0:
         parser.error("--tokens must be >= 1 and --temperature, --top-k, --seed >= 0")
+    if not args.prompt:
+        parser.error("--prompt must hold at least one character: the model continues a context")
     path = args.checkpoint or args.run / "best.pt"
     try:
         model, cfg = load_model(path)
