@@ -74,16 +74,30 @@ class Faults(train.Hook):
         """Hooks on the model (NaN output, inf gradient, breaks) and on DDP's gradient all-reduce."""
         if self.nan_step:
             name = self.nan_module or next(n for n, _ in model.named_modules() if n)
-            dict(model.named_modules())[name].register_forward_hook(
-                lambda m, a, out: out * float("nan") if m.training and progress.step + 1 == self.nan_step else None)
+            dict(model.named_modules())[name].register_forward_hook(self.nan_output(progress))
         if self.inf_grad_step:
-            next(model.parameters()).register_hook(
-                lambda g: g * float("inf") if progress.step + 1 == self.inf_grad_step else g)
+            next(model.parameters()).register_hook(self.inf_gradient(progress))
         if self.grad_syncs:
             count_grad_syncs(module, progress, self.grad_syncs)
         for spec in parse_breaks(self.breaks):
             if spec[0] in MODEL_BREAKS:
                 break_model(model, *spec)
+
+    def nan_output(self, progress):
+        """A forward hook: the module's output times NaN in training step `nan_step`."""
+        def hook(module, args, out):
+            if module.training and progress.step + 1 == self.nan_step:
+                return out * float("nan")
+            return None
+        return hook
+
+    def inf_gradient(self, progress):
+        """A gradient hook: the gradient times inf in step `inf_grad_step` (what an fp16 overflow looks like)."""
+        def hook(grad):
+            if progress.step + 1 == self.inf_grad_step:
+                return grad * float("inf")
+            return grad
+        return hook
 
     def step(self, progress) -> None:
         if self.step_sleep:
