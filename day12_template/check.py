@@ -496,6 +496,13 @@ def test_nanogpt_token_files_train_a_gpt_memory_mapped(tmp_path):
                 [type(splits.train.tokens).__name__, splits.info.vocab_size, result["step"]], "==", ["memmap", 50, 8])
 
 
+def widen(folder: Path) -> None:
+    """train.bin rewritten as uint32 ids while meta.json still says uint16 (the default)."""
+    import numpy as np
+
+    np.fromfile(folder / "train.bin", dtype=np.uint16).astype(np.uint32).tofile(folder / "train.bin")
+
+
 BAD_TOKENS = {  # what is wrong -> (how to break a good folder, a word the one-line error must contain)
     "a .bin of an odd byte length": (lambda f: (f / "val.bin").write_bytes((f / "val.bin").read_bytes() + b"\0"),
                                      "val.bin"),
@@ -503,6 +510,7 @@ BAD_TOKENS = {  # what is wrong -> (how to break a good folder, a word the one-l
     "no meta file": (lambda f: (f / "meta.json").unlink(), "meta"),
     "a validation split shorter than a window": (lambda f: (f / "val.bin").write_bytes(b"\1\0" * 8), "block_size"),
     "no folder at all": (lambda f: shutil.rmtree(f), "data.root"),
+    "uint32 ids where meta.json says uint16": (widen, "uint32"),
 }
 
 

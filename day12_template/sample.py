@@ -10,6 +10,7 @@ context's (gpt.py: GPT.generate, and its window rule past the model's block size
 Exit codes: 0 done; 1 the checkpoint or the data's tokenizer cannot be read; 2 bad flags.
 """
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,8 @@ def main(argv=None) -> int:
         parser.error("give one of --run or --checkpoint")
     if args.tokens < 1 or args.temperature < 0 or args.top_k < 0 or args.seed < 0:
         parser.error("--tokens must be >= 1 and --temperature, --top-k, --seed >= 0")
+    if not math.isfinite(args.temperature):
+        parser.error(f"--temperature must be a finite number, got {args.temperature}")
     if not args.prompt:
         parser.error("--prompt must hold at least one character: the model continues a context")
     path = args.checkpoint or args.run / "best.pt"

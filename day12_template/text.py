@@ -119,6 +119,9 @@ def load_corpus(root: Path) -> dict[str, bytes]:
     """{work: text} in manifest order, every text checked against its SHA-256 (once per process and folder)."""
     restore = "restore it (in the repo: `git checkout -- data/shakespeare`)"
     manifest = root / "MANIFEST.tsv"
+    if not manifest.is_file() and root == BUNDLE:
+        raise TextDataError(f"the bundled corpus is not at {root} (a copy outside the repo?): copy the repo's "
+                            f"data/shakespeare folder and set data.root to it")
     if not manifest.is_file():
         raise TextDataError(f"{manifest} not found: data.root must be a folder with MANIFEST.tsv and works/; "
                             f"{restore}, or leave data.root empty for the repo's bundle")
@@ -204,6 +207,9 @@ def read_meta(root: Path) -> tuple[Path, dict]:
     return path, meta
 
 
+WIDTH_PROBE = 1 << 20  # tokens looked at for the tell-tale zeros of a file of the wider dtype
+
+
 def open_bin(path: Path, dtype: type, vocab_size: int, meta_path: Path, block_size: int, limit: int = 0) -> np.memmap:
     """The file's first `limit` tokens (0: all) memory-mapped, after checking its length and every token id."""
     size, itemsize = path.stat().st_size, np.dtype(dtype).itemsize
@@ -215,6 +221,10 @@ def open_bin(path: Path, dtype: type, vocab_size: int, meta_path: Path, block_si
         raise TextDataError(f"a window of block_size+1 tokens does not fit in {path.name} ({count} tokens): "
                             f"lower data.block_size" + (" or raise data.subset" if limit > 0 else ""))
     tokens = np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+    head = tokens[:WIDTH_PROBE]
+    if dtype == np.uint16 and len(head) >= 64 and head[0::2].any() and not head[1::2].any():
+        raise TextDataError(f"{path}: every second uint16 id is 0, as in uint32 ids read as uint16: set "
+                            f'"dtype": "uint32" in {meta_path.name} (or write the file as uint16)')
     for start in range(0, count, SCAN_CHUNK):
         chunk = tokens[start:start + SCAN_CHUNK]
         if chunk.max() >= vocab_size:

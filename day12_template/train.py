@@ -218,6 +218,12 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                    f"{sampler.position:,})")
         if ckpt["world_size"] != d.world:
             resumed += f"; {ckpt['world_size']} -> {d.world} ranks: same samples, new dropout"
+        planned = ckpt["config"]["train"]
+        if (planned["steps"], planned["epochs"]) != (tc.steps, tc.epochs):  # safe to change, but it re-plans
+            resumed += (f"; the schedule is re-planned for {total_steps} steps: the learning rate follows the new "
+                        f"warmup + cosine from this step on")
+        if progress.step >= total_steps:
+            resumed += f"; step {progress.step} is past the {total_steps} planned: nothing more to train"
         log.say(resumed)
         if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt, resume)):
             log.say(note)
