@@ -41,6 +41,7 @@ import faults  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
 import runlog  # noqa: E402
+import runlock  # noqa: E402
 import signals  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
@@ -971,15 +972,17 @@ def torchrun(plan: list, tmp: Path, name: str, kill_when=None):
 @pytest.fixture(scope="module")
 def dist_runs(tmp_path_factory):
     """Launch 1: E (DDP, no dropout, grad_accum=2), A (DDP), F (FSDP, stopped by max_steps), EL, AL and FL (the
-    same three for the GPT, FL not stopped), S (DDP, SIGTERM to torchrun at a random step). Launch 2: S resumed under
+    same three for the GPT, FL not stopped), FM and DM (the GPT in bf16 under FSDP and DDP, 12 steps), S (DDP,
+    SIGTERM to torchrun at a random step). Launch 2: S resumed under
     DDP, F and G (a single-process run) resumed under FSDP, B (a BatchNorm ResNet under DDP).
     Meanwhile, in this process: E's and EL's single-process twins with the same global batch, G, and S's and F's
     checkpoints resumed in a single process."""
     tmp, rng = tmp_path_factory.mktemp("dist"), random.Random()
-    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G", "B", "EL", "AL", "FL", "EL1")}
+    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G", "B", "EL", "AL", "FL", "EL1", "FM", "DM")}
     audit = tmp / "audit"
     audit.mkdir()
     e_vals, el_vals = {**DIST, "model.mlp.dropout": 0.0}, {**DIST_LM, "model.gpt.dropout": 0.0}
+    mixed = {**el_vals, "train.amp": True, "train.max_steps": 12}  # bf16 autocast; under FSDP2 also its policy
     plan1 = [{"set": sets({**e_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["E"])}),
               "faults": f"audit_writes={audit},grad_syncs={audit}"},
              {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["A"])})},
@@ -987,6 +990,9 @@ def dist_runs(tmp_path_factory):
              {"set": sets({**el_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["EL"])})},
              {"set": sets({**DIST_LM, "train.strategy": "ddp", "run.out_dir": str(dirs["AL"])})},
              {"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs["FL"])})},
+             {"set": sets({**mixed, "train.strategy": "fsdp", "run.out_dir": str(dirs["FM"])}),
+              "dtypes": str(tmp / "dtypes.json")},
+             {"set": sets({**mixed, "train.strategy": "ddp", "run.out_dir": str(dirs["DM"])})},
              {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["S"])}),
               "faults": "step_sleep=0.05"}]
     stop_at = rng.randrange(5, 2 * 16 - 4)
@@ -1014,7 +1020,7 @@ def dist_runs(tmp_path_factory):
     single = {k: train.run(cfg_of({**DIST, "checkpoint.resume": "auto"}, dirs[f"{k}1"])) for k in ("S", "F")}
     launcher.join()
     return {"dirs": dirs, "launch": result, "audit": audit, "stop_at": stop_at, "stopped": stopped, "single": single,
-            "fsdp_ckpt": tmp / "fsdp-step12.pt"}
+            "fsdp_ckpt": tmp / "fsdp-step12.pt", "dtypes": json.loads((tmp / "dtypes.json").read_text())}
 
 
 def max_loss_diff(a: Path, b: Path, steps=None) -> float:
@@ -1109,6 +1115,168 @@ def test_fsdp_checkpoints_resume_under_fsdp_and_in_one_process_and_vice_versa(di
                 "==", 32)
     gates.check("single-process checkpoint resumed under FSDP2 (2 ranks): final step",
                 checkpoint.load(d["G"] / "last.pt")["step"], "==", 32)
+
+
+def test_fsdp_in_bf16_gathers_bf16_weights_keeps_fp32_shards_and_trains_like_ddp_with_autocast(dist_runs):
+    d, dtypes = dist_runs["dirs"], dist_runs["dtypes"]
+    gates.check("FSDP2 + train.amp (bf16): dtype of a block's weight inside forward (all-gathered); of its shard; "
+                "of AdamW's moments in the checkpoint",
+                [dtypes["in_forward"], dtypes["shard"], str(checkpoint.load(d["FM"] / "last.pt")["optimizer"]
+                                                            ["state"]["blocks.0.attn.c_attn.weight"]["exp_avg"].dtype)],
+                "==", ["torch.bfloat16", "torch.float32", "torch.float32"])
+    gates.check("GPT in bf16: FSDP2 (MixedPrecisionPolicy + autocast) vs DDP + autocast: max |loss diff|, 12 steps",
+                max_loss_diff(d["FM"], d["DM"]), "<=", 1e-2)
+
+
+# --- torchrun's launcher faults: orphaned ranks, a second writer, elastic restarts ----------------------------------
+LIVE = {**DIST, "train.strategy": "ddp", "train.epochs": 20}  # 320 slowed-down steps: alive until killed
+
+
+def pids_of(marker: str) -> list[int]:
+    """The live ranks whose command line names `marker` (their run folder), torchrun itself left out."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in b" ".join(argv) and b"torch.distributed.run" not in argv and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie is dead: only its exit status is left for its new parent to collect)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def rank_env(pid: int) -> dict:
+    text = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
+
+
+@pytest.fixture(scope="module")
+def killed_launcher(tmp_path_factory):
+    """torchrun, 2 DDP ranks slowed down, into run folder L; after step 3 a second launch into L (refused, its writes
+    audited), then `kill -9` on torchrun alone; then 10 s of watching the ranks."""
+    tmp = tmp_path_factory.mktemp("launcher")
+    run_dir, audit = tmp / "L", tmp / "audit"
+    audit.mkdir()
+    live = sets({**LIVE, "run.out_dir": str(run_dir)})
+    seen = {}
+
+    def second_launch_then_kill() -> bool:
+        if not reached(run_dir, 3)():
+            return False
+        seen["ranks"] = pids_of(str(run_dir))
+        seen["rank0"] = [pid for pid in seen["ranks"] if rank_env(pid).get("RANK") == "0"]
+        seen["second"] = launch([sys.executable, str(HERE / "faults.py"), "--set", *live, "checkpoint.resume=auto"],
+                                env=child_env(TEMPLATE_FAULTS=f"audit_writes={audit}"))
+        seen["step_at_kill"], seen["killed_at"] = max(train_records(run_dir)), time.monotonic()
+        return True
+
+    seen["torchrun"] = launch([*TORCHRUN, str(HERE / "faults.py"), "--set", *live],
+                              env=child_env(OMP_NUM_THREADS="1", TEMPLATE_FAULTS="step_sleep=0.2"),
+                              kill_when=second_launch_then_kill, sig=signal.SIGKILL, group=False)
+    while any(map(alive, seen["ranks"])) and time.monotonic() < seen["killed_at"] + 10:
+        time.sleep(0.1)
+    seen["alive_10s_later"] = [pid for pid in seen["ranks"] if alive(pid)]
+    for pid in seen["alive_10s_later"]:
+        os.kill(pid, signal.SIGKILL)
+    return {**seen, "run_dir": run_dir, "audit": audit}
+
+
+def test_kill_9_on_torchrun_leaves_no_rank_alive_10_s_later(killed_launcher):
+    gates.check("ranks of the launch seen before torchrun was killed", len(killed_launcher["ranks"]), "==", 2)
+    gates.check("ranks alive 10 s after kill -9 on torchrun", killed_launcher["alive_10s_later"], "==", [])
+
+
+def test_ranks_of_a_killed_launcher_stop_gracefully_writing_only_last_pt(killed_launcher):
+    run_dir, seen_at_kill = killed_launcher["run_dir"], killed_launcher["step_at_kill"]
+    last = checkpoint.load(run_dir / "last.pt")
+    gates.check(f"steps trained after kill -9 on torchrun (last record seen: step {seen_at_kill}): the one in flight "
+                f"and the one that carries the stop", last["step"] - seen_at_kill, "<=", 2)
+    gates.check("records written after the stop's checkpoint", max(train_records(run_dir)) - last["step"], "==", 0)
+    gates.check("distinct steps among the ranks when the stop was written", len(set(last["rank_steps"])), "==", 1)
+
+
+def test_a_second_launch_into_a_live_run_folder_exits_2_naming_the_holder_and_writes_nothing(killed_launcher):
+    code, text = killed_launcher["second"]
+    run_dir = str(killed_launcher["run_dir"])
+    gates.check("second launch into a live run folder: exit code", code, "==", 2)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"in use by a live run (pid {killed_launcher['rank0'][0]} on " in lines[0], text
+    writes = json.loads((killed_launcher["audit"] / "audit-rank0.json").read_text())["writes"]
+    gates.check("files the refused launch created, changed or deleted in the run folder",
+                [w for w in writes if w.startswith(run_dir)], "==", [])
+
+
+def test_a_killed_run_leaves_no_stale_lock(killed_launcher):
+    lock = runlock.hold(killed_launcher["run_dir"])  # the ranks are gone: the kernel released their lock
+    gates.check("run.lock taken over after its holder was killed", lock.file is not None, "==", True)
+    lock.release()
+
+
+ELASTIC = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory, dist_runs):
+    """`torchrun --max-restarts=1` as the README launches it (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): DDP run R, the
+    config of dist_runs' A plus a checkpoint every 4 steps; rank 1 SIGKILLed at a random step; torchrun restarts both
+    ranks, which resume from last.pt."""
+    run_dir, kill_at = tmp_path_factory.mktemp("elastic") / "R", random.Random().randrange(5, 2 * 16 - 2)
+    victims = []
+
+    def kill_rank_1() -> None:
+        while not reached(run_dir, kill_at)():
+            time.sleep(0.005)
+        victims.extend(pid for pid in pids_of(str(run_dir)) if rank_env(pid).get("RANK") == "1")
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    argv = [*ELASTIC, str(HERE / "faults.py"), "--set",
+            *sets({**DIST, "train.strategy": "ddp", "checkpoint.every_steps": 4, "checkpoint.resume": "auto",
+                   "run.out_dir": str(run_dir)})]
+    code, text = launch(argv, env=child_env(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                                            TEMPLATE_FAULTS="step_sleep=0.05"))
+    killer.join(1)
+    return {"code": code, "text": text, "run_dir": run_dir, "kill_at": kill_at, "victims": victims,
+            "reference": dist_runs["dirs"]["A"]}
+
+
+def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_equals_an_uninterrupted_one(restarted):
+    run_dir = restarted["run_dir"]
+    gates.check(f"torchrun --max-restarts=1, rank 1 SIGKILLed after step {restarted['kill_at']}: ranks killed",
+                len(restarted["victims"]), "==", 1)
+    gates.check("... torchrun's exit code after the restarted ranks finished", restarted["code"], "==", 0)
+    launches = json.loads((run_dir / "run.json").read_text())["launches"]
+    gates.check("... launches in run.json (the first and the restart, resumed from last.pt)",
+                [bool(item["resumed_from"]) for item in launches], "==", [False, True])
+    ours, reference = train_records(run_dir), train_records(restarted["reference"])
+    gates.check("... train records that differ from the uninterrupted DDP run (every step of the run)",
+                [s for s in reference if ours.get(s, {}).get("loss") != reference[s]["loss"]], "==", [])
+    a, b = checkpoint.load(run_dir / "last.pt"), checkpoint.load(restarted["reference"] / "last.pt")
+    gates.check("... final model/optimizer entries that differ bitwise from the uninterrupted run",
+                diff_states({k: a[k] for k in ("model", "optimizer")}, {k: b[k] for k in ("model", "optimizer")}),
+                "==", [])
+
+
+def test_max_restarts_without_the_rendezvous_fix_is_refused_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    for agent_store, resume, fix in [("True", "auto", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"),
+                                     ("False", "", "checkpoint.resume=auto")]:
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent_store)
+        code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "R"), "checkpoint.resume": resume})])
+        err = capsys.readouterr().err
+        gates.check(f"torchrun --max-restarts=2, agent store {agent_store}, resume {resume!r}: exit code", code, "==", 2)
+        assert err.count("\n") == 1 and fix in err, err
+    assert not (tmp_path / "R").exists()
 
 
 # --- the troubleshooting toolkit (troubleshoot/, doctor.py): each tool finds its fault, and nothing when clean -----
@@ -1407,6 +1575,26 @@ def test_torch_compile_on_cuda_matches_eager_and_saves_plain_keys(tmp_path):
 
 
 # --- the torchrun driver: runs several configs in the same two ranks -------------------------------------------------
+class DtypeProbe(train.Hook):
+    """Writes (rank 0) the dtype of the first block's attention weight inside its forward and, outside it, of the
+    parameter that module holds (under FSDP2: its shard)."""
+
+    def __init__(self, path: str):
+        self.path, self.seen = Path(path), {}
+
+    def attach(self, model, module, progress):
+        self.linear = model.blocks[0].attn.c_attn
+        self.linear.register_forward_pre_hook(self.in_forward)
+
+    def in_forward(self, linear, args) -> None:
+        self.seen.setdefault("in_forward", str(linear.weight.dtype))
+
+    def step(self, progress):
+        if progress.step == 1 and int(os.environ["RANK"]) == 0:
+            self.seen["shard"] = str(self.linear.weight.dtype)
+            self.path.write_text(json.dumps(self.seen))
+
+
 def dist_driver(plan_file: str) -> int:
     """Under torchrun: join the process group once, then run each planned config in turn (as train.py would)."""
     import torch.distributed as dist
@@ -1416,7 +1604,8 @@ def dist_driver(plan_file: str) -> int:
         try:
             drills = Faults.from_env(item.get("faults", ""))
             drills.install_process_drills()
-            train.run(config.load(None, item["set"]), [drills])
+            probes = [DtypeProbe(item["dtypes"])] if "dtypes" in item else []
+            train.run(config.load(None, item["set"]), [drills, *probes])
         except train.Stopped as exc:
             return exc.code
     dist.destroy_process_group()

@@ -6,7 +6,10 @@ state dicts (parameter names as the bare model has them, on CPU), gathered on ra
 strategy and world size loads into a plain model, or into any other strategy and world size.
 """
 import contextlib
+import ctypes
 import os
+import signal
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -69,8 +72,38 @@ class Dist:
             dist.destroy_process_group()
 
 
+# -- torchrun's launcher faults ----------------------------------------------------------------------------------
+def check_launcher(resume: str) -> None:
+    """ValueError before anything starts where torchrun's `--max-restarts` cannot work: restarted ranks would hang
+    (or fail) connecting to the dead rank's old address, since the rendezvous store they share with the process
+    group still serves the previous round's keys (PyTorch issue 135712); or a restart would be refused the folder."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) == 0:
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise ValueError("torchrun --max-restarts: restarted ranks would hang connecting to the dead rank's address "
+                         "(PyTorch issue 135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's "
+                         "environment")
+    if resume != "auto":
+        raise ValueError("torchrun --max-restarts: a restarted run must continue from last.pt; add --set "
+                         "checkpoint.resume=auto")
+
+
+def die_with_launcher() -> None:
+    """Under torchrun on Linux: SIGTERM this rank when the launcher dies (`kill -9` included), so no rank trains on
+    as an orphan: torchrun starts each rank in a session of its own, where nothing else would stop it. SIGTERM is the
+    graceful stop: the ranks agree on a step, write last.pt and exit. (The signal follows the *thread* that started
+    this process; torchrun starts ranks from its main thread.)"""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    parent, pr_set_pdeathsig = os.getppid(), 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:  # the launcher died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def setup(device_name: str) -> Dist:
     """This process's place in the job, from torchrun's environment; joins the process group if there is one."""
+    die_with_launcher()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_name, local_rank)
@@ -83,19 +116,24 @@ def setup(device_name: str) -> Dist:
 
 
 # -- wrapping ----------------------------------------------------------------------------------------------------
-def wrap(model: nn.Module, strategy: str, d: Dist) -> nn.Module:
+def wrap(model: nn.Module, strategy: str, d: Dist, bf16: bool = False) -> nn.Module:
     """The module to call for training: the model itself (1 process), a DDP wrapper, or the model sharded in place
-    by FSDP2's `fully_shard` (each of `model.blocks`, then the root). State dicts are always taken from `model`."""
+    by FSDP2's `fully_shard` (each of `model.blocks`, then the root). State dicts are always taken from `model`.
+    `bf16` (train.amp in bfloat16) under FSDP2: parameters are all-gathered in bf16 (half the bytes; autocast still
+    keeps its fp32 ops in fp32) and gradients reduce-scattered in fp32; the shards and AdamW's moments stay fp32."""
     if not d.enabled:
         return model
     if strategy == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(d.device.type, (d.world,))
-        for block in getattr(model, "blocks", []):
-            fully_shard(block, mesh=mesh)  # one all-gather per block: only one block's full weights alive at a time
-        fully_shard(model, mesh=mesh)
+        policy = MixedPrecisionPolicy()  # parameters and gradient reductions in their own dtype (fp32)
+        if bf16:
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in getattr(model, "blocks", []):  # one all-gather per block: one block's full weights at a time
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 

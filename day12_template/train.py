@@ -9,7 +9,7 @@ models alike: the data says what it is, the task (tasks.py) turns the model's ou
     torchrun --nproc_per_node=2 train.py --config configs/mnist_mlp.toml --set train.strategy=fsdp
     python train.py --help-config                                                # every field, and why
 
-The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/, ckpt-*.pt, last.pt and best.pt.
+The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/, ckpt-*.pt, last.pt, best.pt and run.lock.
 Exit codes: 0 done; 1 error (data, checkpoint, non-finite loss, out of memory); 2 bad config (nothing written);
 143 / 130 stopped by SIGTERM / SIGINT after writing last.pt (resume with checkpoint.resume=auto).
 """
@@ -35,6 +35,7 @@ import data
 import distributed
 import models
 import runlog
+import runlock
 import tasks
 from signals import StopSignal, Stopped, stopped
 from troubleshoot import NonFinite, nonfinite_error
@@ -142,6 +143,7 @@ def forward_backward(module, task, micro_batches, device, autocast, scaler, chan
 def run(cfg: config.Config, hooks: list[Hook] = ()) -> dict:
     """Train per `cfg` (one process, or one rank of a torchrun job); returns the final figures."""
     try:
+        distributed.check_launcher(cfg.checkpoint.resume)
         d = distributed.setup(cfg.run.device)
     except ValueError as exc:
         raise config.ConfigError(str(exc)) from None
@@ -156,11 +158,25 @@ def run(cfg: config.Config, hooks: list[Hook] = ()) -> dict:
         stop.restore()
 
 
+def on_rank0(d: distributed.Dist, claim, run_dir: Path):
+    """`claim(run_dir)` on rank 0 (None elsewhere); if it finds the folder busy, every rank refuses (exit 2)."""
+    result, error = None, None
+    if d.is_main:
+        try:
+            result = claim(run_dir)
+        except runlock.Busy as exc:
+            error = str(exc)
+    if error := d.gather(error)[0]:
+        raise config.ConfigError(error)
+    return result
+
+
 def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: contextlib.ExitStack, hooks) -> dict:
     # 1. Everything that can be refused is checked before anything is written.
     config.check_combinations(cfg, d.world)
     run_dir, device, tc = Path(cfg.run.out_dir), d.device, cfg.train
     resume, ckpt = checkpoint.resume_source(cfg)
+    on_rank0(d, runlock.check, run_dir)  # a live run in that folder: refused before any work
     seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.model.compile)
     splits = data.build(cfg.data, cfg.run.seed)
     for hook in hooks:
@@ -172,7 +188,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         checkpoint.load_weights(model, cfg.checkpoint.init_from)
     if d.enabled:
         torch.manual_seed(cfg.run.seed + 1 + d.rank)  # the same init above on every rank; from here, own dropout
-    module = distributed.wrap(model, tc.strategy, d)  # a DDP wrapper, or the model sharded in place (FSDP2)
+    bf16 = tc.amp and tc.amp_dtype == "bfloat16"
+    module = distributed.wrap(model, tc.strategy, d, bf16)  # a DDP wrapper, or the model sharded in place (FSDP2)
     if cfg.model.compile:
         module = torch.compile(module)
 
@@ -206,7 +223,11 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     # 3. The run folder (rank 0 writes, the others only compute), now that nothing can be refused any more.
     if d.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.clean_stale_tmp(run_dir)
+    lock = on_rank0(d, runlock.hold, run_dir)  # one writer per run folder, until this run ends
+    if lock:
+        closing.callback(lock.release)
+    if d.is_main:
+        checkpoint.clean_stale_tmp(run_dir)  # safe: no other live run owns these files
     log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step,
                         runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
     closing.callback(log.close)
@@ -227,6 +248,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         log.say(resumed)
         if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt, resume)):
             log.say(note)
+    if lock and lock.note:
+        log.say(lock.note)
     for hook in hooks:
         hook.attach(model, module, progress)
     prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
