@@ -13,7 +13,9 @@ import itertools
 import json
 import math
 import os
+import pickle
 import random
+import re
 import resource
 import shutil
 import signal
@@ -33,6 +35,7 @@ sys.path.insert(0, str(HERE))  # the template's own modules, imported as the tem
 
 import checkpoint  # noqa: E402
 import config  # noqa: E402
+import consolidate  # noqa: E402
 import main as demo  # noqa: E402
 import data  # noqa: E402
 import distributed  # noqa: E402
@@ -104,7 +107,19 @@ def diff_states(a, b, path="") -> list[str]:
 
 
 def sha(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """A file's SHA-256, or a folder's (a sharded checkpoint): over its files' names and bytes."""
+    path = Path(path)
+    if path.is_dir():
+        return hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in sorted(path.iterdir()))).hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+FORMATS = {"full": {}, "sharded": {"checkpoint.format": "sharded"}}  # the two checkpoint formats, in one process
+
+
+def full(path: Path) -> dict:
+    """A checkpoint with its model and optimizer state, whatever its format (a sharded one read into a plain model)."""
+    return consolidate.full_checkpoint(path)
 
 
 def child_env(**extra) -> dict:
@@ -562,7 +577,8 @@ def test_sample_py_writes_text_from_a_run_in_a_copy_outside_the_repo(tmp_path):
 # --- exact resume after SIGKILL -------------------------------------------------------------------------------------
 VARIANTS = {"fp32": TINY, "grad_accum=4 + bf16": {**TINY, "train.grad_accum": 4, "train.amp": True},
             "2 data workers": {**TINY, "data.num_workers": 2}, "gpt": TINY_LM,
-            "gpt grad_accum=4 + bf16": {**TINY_LM, "train.grad_accum": 4, "train.amp": True}}
+            "gpt grad_accum=4 + bf16": {**TINY_LM, "train.grad_accum": 4, "train.amp": True},
+            "sharded": {**TINY, **FORMATS["sharded"]}}
 
 
 def mid_epoch_kill_step(rng: random.Random) -> int:
@@ -600,7 +616,7 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_the_uninterrupted_run(s
     job = sigkilled[name]
     code, text = job["launch"]
     assert code == -signal.SIGKILL, (code, text)
-    resumed_from = checkpoint.load(job["run_dir"] / "last.pt")
+    resumed_from = checkpoint.load(job["run_dir"] / "last.pt", mmap=True)
     gates.check(f"{name}: resumed from a mid-epoch checkpoint (sampler position > 0)",
                 resumed_from["sampler"]["position"], ">", 0)
     train.run(cfg_of({**job["values"], "checkpoint.resume": "auto"}, job["run_dir"]))
@@ -610,40 +626,42 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_the_uninterrupted_run(s
     gates.check(f"{name}: logged losses after the resume that differ (SIGKILL near step {job['kill']})", differ,
                 "==", 0)
     gates.check(f"{name}: steps compared after the resume", len(later), ">=", 3)
-    a, b = checkpoint.load(job["ref"] / "last.pt"), checkpoint.load(job["run_dir"] / "last.pt")
+    a, b = full(job["ref"] / "last.pt"), full(job["run_dir"] / "last.pt")
     keys = ("model", "optimizer", "scheduler", "scaler", "sampler", "step", "best")
     gates.check(f"{name}: final state entries that differ bitwise", diff_states(
         {k: a[k] for k in keys}, {k: b[k] for k in keys}), "==", [])
 
 
 # --- checkpoints that cannot go stale, full disks, corrupt or foreign files -----------------------------------------
-def test_sigkill_between_linking_best_and_last_leaves_best_correct(tmp_path):
-    values, run_dir, ref = {**TINY, "train.epochs": 3}, tmp_path / "run", tmp_path / "ref"
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sigkill_between_linking_best_and_last_leaves_best_correct(fmt, tmp_path):
+    values, run_dir, ref = {**TINY, "train.epochs": 3, **FORMATS[fmt]}, tmp_path / "run", tmp_path / "ref"
     code, _ = launch([sys.executable, str(HERE / "faults.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})],
                      env=child_env(TEMPLATE_FAULTS="kill_between_links=2"))
     assert code == -signal.SIGKILL, code
     best_ahead = checkpoint.step_of(run_dir / "best.pt") > checkpoint.step_of(run_dir / "last.pt")
-    gates.check("after the kill: best.pt is ahead of last.pt (the kill landed between the links)", best_ahead,
-                "==", True)
+    gates.check(f"{fmt}: after the kill: best.pt is ahead of last.pt (the kill landed between the links)",
+                best_ahead, "==", True)
     result = train.run(cfg_of({**values, "checkpoint.resume": "auto"}, run_dir))
     train.run(cfg_of(values, ref))
-    best, ref_best = checkpoint.load(run_dir / "best.pt"), checkpoint.load(ref / "best.pt")
-    gates.check("best.pt step == the best step the run recorded", best["step"], "==", result["best_step"])
-    gates.check("best.pt weights vs the uninterrupted run's best.pt: entries that differ",
+    best, ref_best = full(run_dir / "best.pt"), full(ref / "best.pt")
+    gates.check(f"{fmt}: best.pt step == the best step the run recorded", best["step"], "==", result["best_step"])
+    gates.check(f"{fmt}: best.pt weights vs the uninterrupted run's best.pt: entries that differ",
                 diff_states(best["model"], ref_best["model"]), "==", [])
 
 
-def test_a_stale_best_link_is_repaired_on_resume(tmp_path):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_stale_best_link_is_repaired_on_resume(fmt, tmp_path):
     """The Day 6 defect: last.pt records itself as best, but best.pt still holds an older step."""
-    run_dir = tmp_path / "run"
-    first = train.run(cfg_of(TINY, run_dir))
-    older = min(run_dir.glob("ckpt-*.pt"))
+    run_dir, values = tmp_path / "run", {**TINY, **FORMATS[fmt]}
+    first = train.run(cfg_of(values, run_dir))
+    older = checkpoint.step_files(run_dir)[0]
     checkpoint.link(older, run_dir / "best.pt")
     assert checkpoint.step_of(run_dir / "best.pt") != first["best_step"]
-    code = train.main(["--set", *sets({**TINY, "checkpoint.resume": "auto", "run.out_dir": str(run_dir)})])
-    gates.check("exit code of the resume over a stale best.pt", code, "==", 0)
-    gates.check("best.pt step after that resume (the recorded best step)", checkpoint.step_of(run_dir / "best.pt"),
-                "==", first["best_step"])
+    code = train.main(["--set", *sets({**values, "checkpoint.resume": "auto", "run.out_dir": str(run_dir)})])
+    gates.check(f"{fmt}: exit code of the resume over a stale best.pt", code, "==", 0)
+    gates.check(f"{fmt}: best.pt step after that resume (the recorded best step)",
+                checkpoint.step_of(run_dir / "best.pt"), "==", first["best_step"])
 
 
 class FailingFile:
@@ -692,42 +710,55 @@ def test_a_failing_rename_raises_checkpoint_error_and_leaves_no_temp_file(tmp_pa
     gates.check("temporary files left after a failed rename", len(list(tmp_path.glob("*.tmp"))), "==", 0)
 
 
-def test_disk_full_during_a_real_run_fails_clearly_and_keeps_last_pt_loadable(tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    train.run(cfg_of({**TINY, "train.max_steps": 4}, run_dir))
-    before, size = sha(run_dir / "last.pt"), (run_dir / "last.pt").stat().st_size
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_disk_full_during_a_real_run_fails_clearly_and_keeps_last_pt_loadable(fmt, tmp_path, capsys):
+    run_dir, values = tmp_path / "run", {**TINY, **FORMATS[fmt]}
+    train.run(cfg_of({**values, "train.max_steps": 4}, run_dir))
+    before = sha(run_dir / "last.pt")
+    size = max(f.stat().st_size for f in [run_dir / "last.pt", *(run_dir / "last.pt").glob("*")] if f.is_file())
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     # From here the kernel refuses, with EFBIG, to grow any file of this process past half a checkpoint: the
     # write fails inside torch's zip writer exactly as on a full disk (ENOSPC). Logs stay far below the limit.
     resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, hard))
     try:
-        code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir), "checkpoint.resume": "auto"})])
+        code = train.main(["--set", *sets({**values, "run.out_dir": str(run_dir), "checkpoint.resume": "auto"})])
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     err = capsys.readouterr().err
-    gates.check("exit code when the disk fills during a save", code, "==", 1)
+    gates.check(f"{fmt}: exit code when the disk fills during a save", code, "==", 1)
     assert "could not write checkpoint" in err and "Traceback" not in err, err
-    gates.check("temporary files left on the full disk", len(list(run_dir.glob("*.tmp"))), "==", 0)
-    gates.check("last.pt unchanged and loadable after the failed save",
+    gates.check(f"{fmt}: temporary files left on the full disk", len(list(run_dir.glob("*.tmp"))), "==", 0)
+    gates.check(f"{fmt}: last.pt unchanged and loadable after the failed save",
                 sha(run_dir / "last.pt") == before and checkpoint.load(run_dir / "last.pt")["step"] == 4, "==", True)
 
 
-def test_an_old_checkpoint_that_cannot_be_deleted_stops_every_rank_with_one_line(tmp_path, capsys, monkeypatch):
-    unlink = Path.unlink
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_old_checkpoint_that_cannot_be_deleted_stops_every_rank_with_one_line(fmt, tmp_path, capsys,
+                                                                                  monkeypatch):
+    unlink, rmtree = Path.unlink, shutil.rmtree
 
-    def refuse_old_checkpoints(path, missing_ok=False):  # e.g. a file another user owns in a shared folder
-        if path.name.startswith("ckpt-"):
+    def refused(path):  # e.g. a file another user owns in a shared folder
+        if Path(path).name.startswith("ckpt-") and not Path(path).name.endswith(".tmp"):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    def refuse_unlink(path, missing_ok=False):
+        refused(path)
         unlink(path, missing_ok=missing_ok)
 
-    monkeypatch.setattr(Path, "unlink", refuse_old_checkpoints)
+    def refuse_rmtree(path, *args, **kwargs):
+        refused(path)
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", refuse_unlink)
+    monkeypatch.setattr(shutil, "rmtree", refuse_rmtree)
     run_dir = tmp_path / "run"
-    code = train.main(["--set", *sets({**TINY, "train.max_steps": 4, "checkpoint.every_steps": 1,
+    code = train.main(["--set", *sets({**TINY, "train.max_steps": 4, "checkpoint.every_steps": 1, **FORMATS[fmt],
                                        "checkpoint.keep_last": 1, "run.out_dir": str(run_dir)})])
     err = capsys.readouterr().err
-    gates.check("an old checkpoint that cannot be deleted: exit code, error lines naming it, traceback, last.pt step",
-                [code, err.count("error: "), "ckpt-00000001.pt" in err, "Traceback" in err,
-                 checkpoint.load(run_dir / "last.pt")["step"]], "==", [1, 1, True, False, 2])
+    gates.check(f"{fmt}: an old checkpoint that cannot be deleted: exit code, error lines naming it, traceback, "
+                f"last.pt step", [code, err.count("error: "), checkpoint.step_name(1, fmt == "sharded") in err,
+                                  "Traceback" in err, checkpoint.load(run_dir / "last.pt")["step"]],
+                "==", [1, 1, True, False, 2])
 
 
 def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(tmp_path, capsys):
@@ -761,48 +792,98 @@ def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(t
                 "==", True)
 
 
-def test_a_checkpoint_resumes_into_another_folder(tmp_path):
-    train.run(cfg_of({**TINY, "train.max_steps": 4}, tmp_path / "a"))
-    result = train.run(cfg_of({**TINY, "checkpoint.resume": str(tmp_path / "a" / "last.pt")}, tmp_path / "b"))
+class Gadget:
+    """What a hostile .metadata index could name: unpickling it would run code."""
+
+    def __reduce__(self):
+        return os.system, ("echo pwned",)
+
+
+def test_corrupt_truncated_foreign_and_hostile_sharded_checkpoints_fail_with_one_clear_message(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**TINY, "train.max_steps": 3, **FORMATS["sharded"]}, run_dir))
+    good = (run_dir / "last.pt").resolve()
+    shard = (good / "__0_0.distcp").read_bytes()
+    flipped = bytearray(shard)
+    flipped[len(shard) // 2] ^= 0xFF  # inside a tensor: DCP alone would load it
+    breaks = {"corrupted": ("__0_0.distcp", bytes(flipped)), "corrupted ": ("__0_0.distcp", shard[: len(shard) // 3]),
+              "not a checkpoint of this template": ("meta.pt", None),
+              "not part of a checkpoint index": (".metadata", pickle.dumps(Gadget()))}
+    caught = 0
+    for word, (name, content) in breaks.items():
+        bad = shutil.copytree(good, tmp_path / f"bad-{len(word)}")
+        (bad / name).unlink()
+        if content is not None:
+            (bad / name).write_bytes(content)
+        if name == ".metadata":  # the checksum made to match, as a forger would
+            meta = torch.load(bad / "meta.pt", weights_only=True)
+            meta["checksums"][".metadata"] = distributed.crc32(bad / name)
+            torch.save(meta, bad / "meta.pt")
+        code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / f"new-{len(word)}"),
+                                           "checkpoint.resume": str(bad)})])
+        err = capsys.readouterr().err
+        caught += code == 1 and word.strip() in err and str(bad) in err
+    gates.check("sharded checkpoints with a flipped byte, a truncated shard, no meta.pt, a hostile index: refused "
+                "with a message naming the folder", caught, "==", 4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_checkpoint_resumes_into_another_folder(fmt, tmp_path):
+    values = {**TINY, **FORMATS[fmt]}
+    train.run(cfg_of({**values, "train.max_steps": 4}, tmp_path / "a"))
+    result = train.run(cfg_of({**values, "checkpoint.resume": str(tmp_path / "a" / "last.pt")}, tmp_path / "b"))
     launch_b = json.loads((tmp_path / "b" / "run.json").read_text())["launches"]
-    gates.check("resume from another folder's last.pt: final step", result["step"], "==", STEPS)
-    gates.check("the new folder's run.json names the checkpoint resumed from",
+    gates.check(f"{fmt}: resume from another folder's last.pt: final step", result["step"], "==", STEPS)
+    gates.check(f"{fmt}: the new folder's run.json names the checkpoint resumed from",
                 launch_b[-1]["resumed_from"] == str((tmp_path / "a" / "last.pt").resolve()), "==", True)
 
 
-def test_a_finished_run_resumed_into_another_folder_tests_its_best_checkpoint(tmp_path):
-    first = train.run(cfg_of(TINY, tmp_path / "a"))
-    result = train.run(cfg_of({**TINY, "checkpoint.resume": str(tmp_path / "a" / "last.pt")}, tmp_path / "b"))
-    gates.check("finished run resumed into another folder: best.pt there holds the recorded best step",
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_finished_run_resumed_into_another_folder_tests_its_best_checkpoint(fmt, tmp_path):
+    values = {**TINY, **FORMATS[fmt]}
+    first = train.run(cfg_of(values, tmp_path / "a"))
+    result = train.run(cfg_of({**values, "checkpoint.resume": str(tmp_path / "a" / "last.pt")}, tmp_path / "b"))
+    gates.check(f"{fmt}: finished run resumed into another folder: best.pt there holds the recorded best step",
                 checkpoint.step_of(tmp_path / "b" / "best.pt"), "==", first["best_step"])
-    gates.check("its test accuracy (best.pt's weights) vs the finished run's", result["test_acc"], "==",
+    gates.check(f"{fmt}: its test accuracy (best.pt's weights) vs the finished run's", result["test_acc"], "==",
                 first["test_acc"])
 
 
-def test_a_mid_epoch_checkpoint_resumed_into_another_folder_copies_the_best_checkpoint_from_the_old(tmp_path):
-    first = train.run(cfg_of(OVERFIT, tmp_path / "a"))
-    source = min((tmp_path / "a").glob("ckpt-*.pt"))  # mid-epoch, after the best step, whose ckpt file is pruned
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_mid_epoch_checkpoint_resumed_into_another_folder_copies_the_best_checkpoint_from_the_old(fmt, tmp_path):
+    values = {**OVERFIT, **FORMATS[fmt]}
+    first = train.run(cfg_of(values, tmp_path / "a"))
+    # The oldest step file but the best's: mid-epoch, after the best step. (A full best's file is pruned, its bytes
+    # kept by the best.pt hard link; a sharded best's folder stays, as best.pt is a symbolic link to it.)
+    source = [p for p in checkpoint.step_files(tmp_path / "a") if checkpoint.step_of(p) != first["best_step"]][0]
     step = checkpoint.step_of(source)
     assert step % 4 and checkpoint.load(source)["best"]["step"] == first["best_step"] < step, step  # 4 steps an epoch
-    assert not (tmp_path / "a" / f"ckpt-{first['best_step']:08d}.pt").exists()
-    result = train.run(cfg_of({**OVERFIT, "checkpoint.resume": str(source)}, tmp_path / "b"))
-    gates.check("overfitting run resumed mid-epoch into another folder: ends like the original",
+    result = train.run(cfg_of({**values, "checkpoint.resume": str(source)}, tmp_path / "b"))
+    gates.check(f"{fmt}: overfitting run resumed mid-epoch into another folder: ends like the original",
                 (result["stopped_by"], result["step"], result["best_step"]), "==",
                 (first["stopped_by"], first["step"], first["best_step"]))
-    gates.check("its test accuracy (best.pt copied from the old folder) vs the original run's", result["test_acc"],
-                "==", first["test_acc"])
+    gates.check(f"{fmt}: its test accuracy (best.pt copied from the old folder) vs the original run's",
+                result["test_acc"], "==", first["test_acc"])
 
 
-def test_a_resume_whose_best_checkpoint_is_gone_says_so_and_tests_the_last_weights(tmp_path, capsys):
-    train.run(cfg_of(OVERFIT, tmp_path / "a"))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_resume_whose_best_checkpoint_is_gone_says_so_and_tests_the_last_weights(fmt, tmp_path, capsys):
+    values = {**OVERFIT, **FORMATS[fmt]}
+    train.run(cfg_of(values, tmp_path / "a"))
+    best_step = checkpoint.step_of(tmp_path / "a" / "best.pt")
+    oldest = [p for p in checkpoint.step_files(tmp_path / "a") if checkpoint.step_of(p) != best_step][0]
     (tmp_path / "lone").mkdir()
-    source = shutil.copy(min((tmp_path / "a").glob("ckpt-*.pt")), tmp_path / "lone")  # no file holds the best
+    source = tmp_path / "lone" / oldest.name  # alone in its folder: no file holds the best any more
+    if oldest.is_dir():
+        shutil.copytree(oldest, source)
+    else:
+        shutil.copy(oldest, source)
     capsys.readouterr()
-    code = train.main(["--set", *sets({**OVERFIT, "checkpoint.resume": str(source),
+    code = train.main(["--set", *sets({**values, "checkpoint.resume": str(source),
                                        "run.out_dir": str(tmp_path / "b")})])
     out = capsys.readouterr().out
-    gates.check("exit code of a resume whose best checkpoint no file holds", code, "==", 0)
-    gates.check("start-up says the best checkpoint is gone; the test line says which weights it tested",
+    gates.check(f"{fmt}: exit code of a resume whose best checkpoint no file holds", code, "==", 0)
+    gates.check(f"{fmt}: start-up says the best checkpoint is gone; the test line says which weights it tested",
                 "no file holds the best checkpoint" in out and "test (the last weights, step" in out, "==", True)
 
 
@@ -978,7 +1059,7 @@ def dist_runs(tmp_path_factory):
     Meanwhile, in this process: E's and EL's single-process twins with the same global batch, G, and S's and F's
     checkpoints resumed in a single process."""
     tmp, rng = tmp_path_factory.mktemp("dist"), random.Random()
-    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G", "B", "EL", "AL", "FL", "EL1", "FM", "DM")}
+    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G", "B", "EL", "AL", "FL", "EL1", "FM", "DM", "FD")}
     audit = tmp / "audit"
     audit.mkdir()
     e_vals, el_vals = {**DIST, "model.mlp.dropout": 0.0}, {**DIST_LM, "model.gpt.dropout": 0.0}
@@ -1005,14 +1086,17 @@ def dist_runs(tmp_path_factory):
     train.run(cfg_of({**DIST, "train.max_steps": 8}, dirs["G"]))  # a single-process checkpoint for FSDP to resume
     launcher.join()
     for k in ("S", "F"):
-        shutil.copytree(dirs[k], dirs[f"{k}1"])
-    shutil.copy(dirs["F"] / "last.pt", tmp / "fsdp-step12.pt")
+        shutil.copytree(dirs[k], dirs[f"{k}1"], symlinks=True)
+    shutil.copytree(dirs["F"], dirs["FD"], symlinks=True)
+    shutil.copytree((dirs["F"] / "last.pt").resolve(), tmp / "fsdp-step12")  # sharded (checkpoint.format auto)
     plan2 = [{"set": sets({**DIST, "train.strategy": "ddp", "checkpoint.resume": "auto",
                            "run.out_dir": str(dirs["S"])})},
              {"set": sets({**DIST, "train.strategy": "fsdp", "checkpoint.resume": "auto",
                            "run.out_dir": str(dirs["F"])})},
              {"set": sets({**DIST, "train.strategy": "fsdp", "checkpoint.resume": "auto",
                            "run.out_dir": str(dirs["G"])})},
+             {"set": sets({**DIST, "train.strategy": "ddp", "checkpoint.resume": "auto",
+                           "run.out_dir": str(dirs["FD"])})},
              {"set": sets({**BN_DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["B"])})}]
     launcher = threading.Thread(target=lambda: result.__setitem__(2, torchrun(plan2, tmp, "launch2")))
     launcher.start()
@@ -1020,12 +1104,17 @@ def dist_runs(tmp_path_factory):
     single = {k: train.run(cfg_of({**DIST, "checkpoint.resume": "auto"}, dirs[f"{k}1"])) for k in ("S", "F")}
     launcher.join()
     return {"dirs": dirs, "launch": result, "audit": audit, "stop_at": stop_at, "stopped": stopped, "single": single,
-            "fsdp_ckpt": tmp / "fsdp-step12.pt", "dtypes": json.loads((tmp / "dtypes.json").read_text())}
+            "fsdp_ckpt": tmp / "fsdp-step12", "dtypes": json.loads((tmp / "dtypes.json").read_text())}
 
 
 def max_loss_diff(a: Path, b: Path, steps=None) -> float:
     ra, rb = train_records(a), train_records(b)
     return max(abs(ra[s]["loss"] - rb[s]["loss"]) for s in (steps or ra))
+
+
+def shard_index(path: Path) -> dict:
+    """A sharded checkpoint's index: "model.<name>" / "optimizer.<name>.<state>" -> its shape, dtype and chunks."""
+    return distributed.shard_reader(path).read_metadata().state_dict_metadata
 
 
 DIST_DIRS = {"classify": {"ddp": "E", "single": "E1", "ddp_dropout": "A", "fsdp": "F"},  # run folders by task
@@ -1049,11 +1138,17 @@ def test_ddp_all_reduces_gradients_once_per_optimizer_step_with_accumulation(dis
                 counts["syncs"] / counts["steps"], "==", 1.0)
 
 
-def test_only_rank_0_writes_files(dist_runs):
+SHARD = re.compile(r".*/ckpt-\d{8}\.tmp(/__1_\d+\.distcp)?")  # a sharded checkpoint's folder, rank 1's shard in it
+
+
+def test_only_rank_0_writes_files_but_each_rank_its_own_checkpoint_shard(dist_runs):
     writes = {r: json.loads((dist_runs["audit"] / f"audit-rank{r}.json").read_text())["writes"] for r in (0, 1)}
     run_root = str(dist_runs["dirs"]["E"].parent)
     mine = {r: [w for w in writes[r] if w.startswith(run_root) and "/audit" not in w] for r in (0, 1)}
-    gates.check("files written by rank 1 in the run folders (4 runs)", mine[1], "==", [])
+    gates.check("files written by rank 1 in launch 1's 9 run folders (3 FSDP2 runs: sharded checkpoints), its own "
+                "shard files left out", [w for w in mine[1] if not SHARD.fullmatch(w)], "==", [])
+    gates.check("shard files rank 1 wrote into sharded checkpoints", len([w for w in mine[1] if w.endswith(".distcp")]),
+                ">", 10)
     gates.check("files written by rank 0 in the run folders", len(mine[0]), ">", 10)
 
 
@@ -1099,18 +1194,22 @@ def test_fsdp_trains_like_ddp_and_its_checkpoint_loads_into_a_plain_model(dist_r
     d, runs = dist_runs["dirs"], DIST_DIRS[task]
     gates.check(f"{task}: FSDP2 vs DDP: max |loss diff| over the first 12 steps",
                 max_loss_diff(d[runs["fsdp"]], d[runs["ddp_dropout"]], range(1, 13)), "<=", 1e-5)
-    saved = checkpoint.load(dist_runs["fsdp_ckpt"] if task == "classify" else d["FL"] / "last.pt")
-    prefixed = [k for k in saved["model"] if k.startswith(("module.", "_orig_mod."))]
-    gates.check(f"{task}: FSDP checkpoint keys with a module./_orig_mod. prefix", prefixed, "==", [])
+    path = dist_runs["fsdp_ckpt"] if task == "classify" else d["FL"] / "last.pt"
+    index = shard_index(path)  # sharded: checkpoint.format auto
     cfg = config.load(None, sets(DIST if task == "classify" else DIST_LM))
     plain = models.build(cfg.model, data.build(cfg.data, 0).info)
-    plain.load_state_dict(saved["model"])  # strict: every key and every shape of a plain model
+    gates.check(f"{task}: FSDP2 sharded checkpoint: model keys in its index vs a plain model's state_dict keys",
+                sorted(k.removeprefix("model.") for k in index if k.startswith("model.")), "==",
+                sorted(plain.state_dict()))
+    checkpoint.load_weights(plain, path)  # every key and shape of a plain model, read from the shards
 
 
 def test_fsdp_checkpoints_resume_under_fsdp_and_in_one_process_and_vice_versa(dist_runs):
     d = dist_runs["dirs"]
     gates.check("FSDP2 stopped at step 12, resumed under FSDP2, vs DDP: max |loss diff| over steps 13-32",
                 max_loss_diff(d["F"], d["A"], range(13, 33)), "<=", 1e-4)
+    gates.check("FSDP2 sharded checkpoint (2 ranks, step 12) resumed under DDP vs DDP: max |loss diff| over steps "
+                "13-32", max_loss_diff(d["FD"], d["A"], range(13, 33)), "<=", 1e-4)
     gates.check("FSDP checkpoint resumed in a plain single process: final step", dist_runs["single"]["F"]["step"],
                 "==", 32)
     gates.check("single-process checkpoint resumed under FSDP2 (2 ranks): final step",
@@ -1121,8 +1220,8 @@ def test_fsdp_in_bf16_gathers_bf16_weights_keeps_fp32_shards_and_trains_like_ddp
     d, dtypes = dist_runs["dirs"], dist_runs["dtypes"]
     gates.check("FSDP2 + train.amp (bf16): dtype of a block's weight inside forward (all-gathered); of its shard; "
                 "of AdamW's moments in the checkpoint",
-                [dtypes["in_forward"], dtypes["shard"], str(checkpoint.load(d["FM"] / "last.pt")["optimizer"]
-                                                            ["state"]["blocks.0.attn.c_attn.weight"]["exp_avg"].dtype)],
+                [dtypes["in_forward"], dtypes["shard"],
+                 str(shard_index(d["FM"] / "last.pt")["optimizer.blocks.0.attn.c_attn.weight.exp_avg"].properties.dtype)],
                 "==", ["torch.bfloat16", "torch.float32", "torch.float32"])
     gates.check("GPT in bf16: FSDP2 (MixedPrecisionPolicy + autocast) vs DDP + autocast: max |loss diff|, 12 steps",
                 max_loss_diff(d["FM"], d["DM"]), "<=", 1e-2)
@@ -1223,12 +1322,8 @@ def test_a_killed_run_leaves_no_stale_lock(killed_launcher):
 ELASTIC = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
 
 
-@pytest.fixture(scope="module")
-def restarted(tmp_path_factory, dist_runs):
-    """`torchrun --max-restarts=1` as the README launches it (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): DDP run R, the
-    config of dist_runs' A plus a checkpoint every 4 steps; rank 1 SIGKILLed at a random step; torchrun restarts both
-    ranks, which resume from last.pt."""
-    run_dir, kill_at = tmp_path_factory.mktemp("elastic") / "R", random.Random().randrange(5, 2 * 16 - 2)
+def restart_run(run_dir: Path, strategy: str, kill_at: int) -> dict:
+    """`torchrun --max-restarts=1` as the README launches it, rank 1 SIGKILLed once the run logged step `kill_at`."""
     victims = []
 
     def kill_rank_1() -> None:
@@ -1241,28 +1336,50 @@ def restarted(tmp_path_factory, dist_runs):
     killer = threading.Thread(target=kill_rank_1, daemon=True)
     killer.start()
     argv = [*ELASTIC, str(HERE / "faults.py"), "--set",
-            *sets({**DIST, "train.strategy": "ddp", "checkpoint.every_steps": 4, "checkpoint.resume": "auto",
+            *sets({**DIST, "train.strategy": strategy, "checkpoint.every_steps": 4, "checkpoint.resume": "auto",
                    "run.out_dir": str(run_dir)})]
     code, text = launch(argv, env=child_env(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                                             TEMPLATE_FAULTS="step_sleep=0.05"))
     killer.join(1)
-    return {"code": code, "text": text, "run_dir": run_dir, "kill_at": kill_at, "victims": victims,
-            "reference": dist_runs["dirs"]["A"]}
+    return {"code": code, "text": text, "run_dir": run_dir, "kill_at": kill_at, "victims": victims}
 
 
-def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_equals_an_uninterrupted_one(restarted):
-    run_dir = restarted["run_dir"]
-    gates.check(f"torchrun --max-restarts=1, rank 1 SIGKILLed after step {restarted['kill_at']}: ranks killed",
-                len(restarted["victims"]), "==", 1)
-    gates.check("... torchrun's exit code after the restarted ranks finished", restarted["code"], "==", 0)
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory, dist_runs):
+    """Run R: the config of dist_runs' A (DDP) plus a checkpoint every 4 steps, under DDP and (at the same time)
+    under FSDP2 with sharded checkpoints; in each, rank 1 SIGKILLed at a random step, then torchrun restarts both
+    ranks, which resume from last.pt."""
+    tmp, rng, runs = tmp_path_factory.mktemp("elastic"), random.Random(), {}
+    kill_at = {strategy: rng.randrange(5, 2 * 16 - 2) for strategy in ("ddp", "fsdp")}
+
+    def one(strategy: str) -> None:
+        runs[strategy] = restart_run(tmp / strategy, strategy, kill_at[strategy])
+
+    threads = [threading.Thread(target=one, args=(strategy,)) for strategy in kill_at]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {**runs, "reference": dist_runs["dirs"]["A"]}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_equals_an_uninterrupted_one(restarted, strategy):
+    run, reference = restarted[strategy], restarted["reference"]
+    run_dir = run["run_dir"]
+    gates.check(f"{strategy}: torchrun --max-restarts=1, rank 1 SIGKILLed after step {run['kill_at']}: ranks "
+                f"killed", len(run["victims"]), "==", 1)
+    sharded = checkpoint.load(run_dir / "last.pt", mmap=True).get("sharded", False)
+    gates.check("... checkpoints sharded (checkpoint.format auto: under FSDP2)", sharded, "==", strategy == "fsdp")
+    gates.check("... torchrun's exit code after the restarted ranks finished", run["code"], "==", 0)
     launches = json.loads((run_dir / "run.json").read_text())["launches"]
     gates.check("... launches in run.json (the first and the restart, resumed from last.pt)",
                 [bool(item["resumed_from"]) for item in launches], "==", [False, True])
-    ours, reference = train_records(run_dir), train_records(restarted["reference"])
+    ours, theirs = train_records(run_dir), train_records(reference)
     gates.check("... train records that differ from the uninterrupted DDP run (every step of the run)",
-                [s for s in reference if ours.get(s, {}).get("loss") != reference[s]["loss"]], "==", [])
-    a, b = checkpoint.load(run_dir / "last.pt"), checkpoint.load(restarted["reference"] / "last.pt")
-    gates.check("... final model/optimizer entries that differ bitwise from the uninterrupted run",
+                [s for s in theirs if ours.get(s, {}).get("loss") != theirs[s]["loss"]], "==", [])
+    a, b = full(run_dir / "last.pt"), full(reference / "last.pt")
+    gates.check("... final model/optimizer entries that differ bitwise from the uninterrupted DDP run",
                 diff_states({k: a[k] for k in ("model", "optimizer")}, {k: b[k] for k in ("model", "optimizer")}),
                 "==", [])
 

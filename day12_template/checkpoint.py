@@ -1,7 +1,11 @@
 """Checkpoint files: atomic writes, last/best links that cannot go stale, loads that fail loudly.
 
 A run folder holds `ckpt-<step>.pt` files (the newest `keep_last`), `last.pt` (the newest) and `best.pt` (lowest
-validation loss); the two names are hard links to step files, so naming costs no second write. Save order:
+validation loss); the two names are hard links to step files, so naming costs no second write. A *sharded*
+checkpoint (checkpoint.format, the default under FSDP) is a folder `ckpt-<step>/` instead: every rank writes its own
+shard of the model and AdamW state through torch.distributed.checkpoint (DCP), rank 0 adds `meta.pt` (everything
+else), and `last.pt` / `best.pt` are symbolic links to the folder; the same order and the same promises hold, with a
+folder written as `ckpt-<step>.tmp/` and renamed into place. Save order:
 write `ckpt-N.pt` atomically -> link `best.pt` (if N is the best) -> link `last.pt` -> prune old files. A kill
 anywhere leaves `last.pt` complete; `best.pt` can at worst be *ahead* of `last.pt` (a resume replays the same steps
 and re-links it). Every checkpoint also records which step is the best, and `repair_best` re-links `best.pt` from
@@ -10,6 +14,7 @@ the best checkpoint from the folder it resumes from; if no file holds it any mor
 """
 import os
 import random
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -18,6 +23,7 @@ import numpy as np
 import torch
 
 import config
+import distributed
 
 FORMAT = "day12-template/2"  # 2: a config table per model, the task's metrics
 
@@ -80,11 +86,14 @@ def atomic_save(obj, path: Path) -> None:
 
 
 def link(src: Path, dst: Path) -> None:
-    """Point `dst` at the bytes of `src` (hard link), switching atomically."""
+    """Point `dst` at `src`, switching atomically: a hard link to a file, a relative symbolic link to a folder."""
     tmp = dst.with_name(dst.name + ".tmp")
     tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)
+        if src.is_dir():
+            os.symlink(os.path.relpath(src, dst.parent), tmp)
+        else:
+            os.link(src, tmp)
         os.replace(tmp, dst)
         _fsync_dir(dst.parent)
     except OSError as exc:
@@ -92,45 +101,143 @@ def link(src: Path, dst: Path) -> None:
         raise CheckpointError(f"could not point {dst.name} at {src.name} ({_reason(exc)})") from None
 
 
+def _remove(path: Path) -> None:
+    """Delete a checkpoint file, or a sharded checkpoint's folder (not what a link to it points at)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for f in folder.iterdir():
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
 def copy(src: Path, dst: Path) -> None:
-    """Copy `src` (another folder's checkpoint) to `dst` like `atomic_save`: `<dst>.tmp`, fsync, os.replace."""
+    """Copy `src` (another folder's checkpoint, a file or a sharded folder) to `dst` like `atomic_save`: `<dst>.tmp`,
+    fsync, os.replace."""
+    src = Path(src).resolve()
     tmp = dst.with_name(dst.name + ".tmp")
     try:
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        _remove(tmp)
+        if src.is_dir():
+            shutil.copytree(src, tmp)
+            _fsync_tree(tmp)
+        else:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, dst)
         _fsync_dir(dst.parent)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise CheckpointError(f"could not copy {src} to {dst} ({_reason(exc)}); is the disk full?") from None
+
+
+def step_name(step: int, sharded: bool) -> str:
+    return f"ckpt-{step:08d}" if sharded else f"ckpt-{step:08d}.pt"
+
+
+def step_files(run_dir: Path) -> list[Path]:
+    """ckpt-<step>.pt files and ckpt-<step>/ folders, oldest first (a run may switch format on resume)."""
+    steps = {p: re.fullmatch(r"ckpt-(\d{8})(\.pt)?", p.name) for p in run_dir.glob("ckpt-*")}
+    return sorted((p for p, match in steps.items() if match), key=lambda p: int(steps[p].group(1)))
+
+
+def _link_and_prune(path: Path, run_dir: Path, keep_last: int, is_best: bool) -> Path:
+    if is_best:
+        link(path, run_dir / "best.pt")
+    link(path, run_dir / "last.pt")
+    best = (run_dir / "best.pt").resolve()
+    for old in step_files(run_dir)[:-keep_last]:
+        if not (old.is_dir() and old.resolve() == best):  # a folder best.pt links to stays (a file's bytes do)
+            _remove(old)
+    return path
 
 
 def save(payload: dict, run_dir: Path, keep_last: int, is_best: bool) -> Path:
     """Write ckpt-<step>.pt, link best.pt (first) and last.pt to it, delete all but the newest `keep_last`."""
-    path = run_dir / f"ckpt-{payload['step']:08d}.pt"
+    path = run_dir / step_name(payload["step"], sharded=False)
     atomic_save(payload, path)
-    if is_best:
-        link(path, run_dir / "best.pt")
-    link(path, run_dir / "last.pt")
-    for old in sorted(run_dir.glob("ckpt-*.pt"))[:-keep_last]:  # zero-padded names sort by step
-        old.unlink()
-    return path
+    return _link_and_prune(path, run_dir, keep_last, is_best)
+
+
+def save_sharded(meta: dict, write_shards, run_dir: Path, keep_last: int, is_best: bool, d, before) -> Path:
+    """On every rank (a collective): `write_shards(folder)` writes this rank's shard into ckpt-<step>.tmp/ and returns
+    what meta.pt needs beside it; rank 0 first calls `before()`, then adds meta.pt, renames the folder to
+    ckpt-<step>/, links best.pt (first) and last.pt to it and prunes. Any rank's failure -> CheckpointError on every
+    rank; the previous checkpoint stays."""
+    final = run_dir / step_name(meta["step"], sharded=True)
+    tmp = final.with_name(final.name + ".tmp")
+    intact = f"The previous checkpoint is intact: {run_dir / 'last.pt'}"
+    error = None
+    if d.is_main:
+        try:
+            before()
+            _remove(tmp)
+            tmp.mkdir()
+        except OSError as exc:
+            error = f"could not write checkpoint {final} ({_reason(exc)}); is the disk full? {intact}"
+    if error := d.gather(error)[0]:  # also the barrier: the folder exists before any rank writes into it
+        raise CheckpointError(error)
+    try:
+        meta = {**meta, "sharded": True, **write_shards(tmp)}  # DCP: every rank writes, then rank 0 the .metadata
+    except (OSError, RuntimeError) as exc:  # DCP re-raises any rank's write error (a full disk) on every rank
+        error = f"could not write checkpoint {final} ({_reason(exc)}); is the disk full? {intact}"
+    if d.is_main and error is None:
+        try:
+            torch.save(meta, tmp / "meta.pt")  # the folder's rename below is what makes it appear whole
+            _fsync_tree(tmp)
+            if final.exists():  # the same step saved again (a resume replayed it): swap the folders
+                os.replace(final, final.with_name(final.name + ".old.tmp"))
+                os.replace(tmp, final)
+                _remove(final.with_name(final.name + ".old.tmp"))
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(run_dir)
+            _link_and_prune(final, run_dir, keep_last, is_best)
+        except CheckpointError as exc:  # a link (its message names it)
+            error = f"{exc}. {intact}"
+        except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as a RuntimeError
+            error = f"could not write checkpoint {final} ({_reason(exc)}); is the disk full? {intact}"
+    if d.is_main and error:
+        _remove(tmp)
+    if error := d.gather(error)[0]:
+        raise CheckpointError(error)
+    return final
 
 
 def clean_stale_tmp(run_dir: Path) -> list[Path]:
-    """A SIGKILL skips `finally`: remove temporary files a dead run left behind."""
+    """A SIGKILL skips `finally`: remove temporary files (and half-written sharded folders) a dead run left."""
     stale = sorted(Path(run_dir).glob("*.tmp"))
     for p in stale:
-        p.unlink()
+        _remove(p)
     return stale
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
 def load(path, mmap: bool = False) -> dict:
     """torch.load(weights_only=True) (no code runs from the file) after checking the zip's CRC-32s, which torch.load
-    skips: a flipped bit inside a tensor would otherwise load silently."""
+    skips: a flipped bit inside a tensor would otherwise load silently. A sharded checkpoint (a folder) gives its
+    meta.pt: everything but the model and optimizer tensors (`distributed.load_shards` reads those)."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / "meta.pt").is_file():
+            raise CheckpointError(f"{path} is not a checkpoint of this template (a folder without meta.pt)")
+        meta = load(path / "meta.pt", mmap)
+        if not mmap:
+            bad = [name for name, crc in meta["checksums"].items()
+                   if not (path / name).is_file() or distributed.crc32(path / name) != crc]
+            if bad:
+                raise CheckpointError(f"checkpoint {path} is corrupted: CRC mismatch or missing file in {bad[:3]}")
+            try:
+                distributed.shard_reader(path).read_metadata()  # its index, read without running code from it
+            except Exception as exc:
+                raise CheckpointError(f"checkpoint {path} is unreadable: its .metadata index: {_reason(exc)}") from None
+        return {**meta, "path": str(path.resolve())}
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
@@ -161,7 +268,7 @@ def step_of(path: Path) -> int | None:
 def holding(step: int, run_dir: Path, source: Path | None = None) -> Path | None:
     """The first file holding `step`: this folder's best.pt or ckpt-<step>.pt, else (resumed from another folder)
     the checkpoint resumed from, or its folder's best.pt or ckpt-<step>.pt. None: no file holds it any more."""
-    names = ("best.pt", f"ckpt-{step:08d}.pt")
+    names = ("best.pt", step_name(step, sharded=False), step_name(step, sharded=True))
     places = [run_dir / n for n in names]
     if source is not None and Path(source).parent.resolve() != Path(run_dir).resolve():
         places += [Path(source)] + [Path(source).parent / n for n in names]
@@ -182,7 +289,11 @@ def repair_best(run_dir: Path, last: dict, source: Path | None = None) -> str | 
     if found.parent.resolve() == Path(run_dir).resolve():
         link(found, best)
         return f"best.pt re-linked to step {want} (it held step {have})"
-    copy(found, best)
+    if found.is_dir():  # a sharded checkpoint: copied in as its step folder, then linked like one saved here
+        copy(found, run_dir / step_name(want, sharded=True))
+        link(run_dir / step_name(want, sharded=True), best)
+    else:
+        copy(found, best)
     return f"best.pt copied from {found} (step {want})"
 
 
@@ -208,10 +319,10 @@ def strip_prefixes(state: dict) -> dict:
     return out
 
 
-def check_fits(model: torch.nn.Module, state: dict, path) -> None:
-    """CheckpointError listing missing, unexpected and differently-shaped keys, before anything is loaded."""
+def check_fits(model: torch.nn.Module, theirs: dict[str, tuple], path) -> None:
+    """CheckpointError listing missing, unexpected and differently-shaped keys (`theirs`: name -> shape), before
+    anything is loaded."""
     mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    theirs = {k: tuple(v.shape) for k, v in state.items()}
     missing, unexpected = sorted(mine.keys() - theirs.keys()), sorted(theirs.keys() - mine.keys())
     shapes = [f"{k} {theirs[k]} vs {mine[k]}" for k in sorted(mine.keys() & theirs.keys()) if mine[k] != theirs[k]]
     if missing or unexpected or shapes:
@@ -227,8 +338,8 @@ def resume_source(cfg: config.Config) -> tuple[Path | None, dict | None]:
     if want == "auto":
         path = last if last.exists() else None
     elif want:
-        if not Path(want).is_file():
-            raise config.ConfigError(f"checkpoint.resume: {want} is not a file")
+        if not Path(want).exists():
+            raise config.ConfigError(f"checkpoint.resume: {want} does not exist")
         path = Path(want)
     elif last.exists():
         raise config.ConfigError(f"run.out_dir {cfg.run.out_dir} already holds a run (last.pt): continue it with "
@@ -245,6 +356,12 @@ def resume_source(cfg: config.Config) -> tuple[Path | None, dict | None]:
 
 def load_weights(model: torch.nn.Module, path) -> None:
     """Fine-tuning: the model weights of any template checkpoint (DDP/compile prefixes dropped), shapes checked."""
-    weights = strip_prefixes(load(path)["model"])
-    check_fits(model, weights, path)
+    ckpt = load(path)
+    if ckpt.get("sharded"):
+        index = distributed.shard_reader(ckpt["path"]).read_metadata().state_dict_metadata
+        check_fits(model, {k[len("model."):]: tuple(v.size) for k, v in index.items() if k.startswith("model.")}, path)
+        distributed.load_shards(model, None, ckpt)
+        return
+    weights = strip_prefixes(ckpt["model"])
+    check_fits(model, {k: tuple(v.shape) for k, v in weights.items()}, path)
     model.load_state_dict(weights)

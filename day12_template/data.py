@@ -74,6 +74,12 @@ class TextInfo:
     task = "lm"
 
 
+def info_from(saved: dict):
+    """The ImageInfo / TextInfo a checkpoint recorded (its "info": the task's name and the fields)."""
+    kind = {"classify": ImageInfo, "lm": TextInfo}[saved["task"]]
+    return kind(**{k: v for k, v in saved.items() if k != "task"})
+
+
 @dataclass
 class Splits:
     train: "BatchData"

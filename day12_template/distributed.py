@@ -10,7 +10,10 @@ import ctypes
 import os
 import signal
 import sys
+import warnings
+import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -214,3 +217,104 @@ def load_optimizer_state(model: nn.Module, optimizer, state: dict, d: Dist) -> N
 def local_norm(norm: torch.Tensor) -> torch.Tensor:
     """clip_grad_norm_ returns a DTensor under FSDP2: the full value as a plain tensor."""
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+# -- sharded checkpoints: torch.distributed.checkpoint (DCP) -------------------------------------------------------
+# Each rank writes only what it holds (its FSDP2 shards; under DDP or in one process DCP spreads the replicated
+# tensors over the ranks) and reads back whatever its own layout needs, so a checkpoint written by N ranks loads at
+# any world size, under any strategy, or into one process. Only tensors go through DCP; everything else is meta.pt.
+def _metadata_class(module: str, name: str) -> bool:
+    """The globals a DCP .metadata pickle may name: DCP's own record classes, torch.Size, dtypes, a layout, a path."""
+    from torch.distributed.checkpoint import metadata
+
+    if module == "torch.distributed.checkpoint.metadata":
+        return isinstance(getattr(metadata, name, None), type)
+    if module == "torch":
+        return name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
+    return (module, name) in {("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                              ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                              ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+
+
+def shard_reader(folder):
+    """DCP's FileSystemReader, but its one pickle (the .metadata index) is read by an unpickler that builds DCP's
+    metadata records only: no code from a checkpoint runs. (DCP reads the tensors with weights_only=True itself.)"""
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class MetadataOnly(pickle.Unpickler):
+        def find_class(self, module, name):
+            if not _metadata_class(module, name):
+                raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint index")
+            return super().find_class(module, name)
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(os.path.join(self.path, ".metadata"), "rb") as f:
+                index = MetadataOnly(f).load()
+            index.storage_meta = index.storage_meta or StorageMeta()
+            index.storage_meta.load_id = self.load_id
+            return index
+
+    return SafeReader(folder)
+
+
+@contextlib.contextmanager
+def quiet_single_process():
+    """DCP warns at every save and load in one process that it assumes one process: here that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def crc32(path) -> int:
+    value = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            value = zlib.crc32(chunk, value)
+    return value
+
+
+def save_shards(model: nn.Module, optimizer, d: Dist, folder) -> dict:
+    """This rank's part of a sharded checkpoint into `folder` (a collective). Returns what meta.pt needs beside the
+    tensors: the optimizer's param groups (not tensors) and each file's CRC-32, every rank summing only its own file
+    (DCP does not check what it reads back; checkpoint.load does, before anything is loaded)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    try:
+        with quiet_single_process():
+            dcp.save({"model": model_sd, "optimizer": optim_sd["state"]}, storage_writer=dcp.FileSystemWriter(folder),
+                     no_dist=not d.enabled)
+    except dcp.api.CheckpointException as exc:  # a BaseException: any rank's write error, raised on every rank
+        rank, failure = next(iter(exc.failures.items()))
+        failure = getattr(failure, "exception", failure)
+        raise OSError(f"rank {rank}: {type(failure).__name__}: {str(failure).strip().splitlines()[-1]}") from None
+    mine = [p for p in Path(folder).iterdir()
+            if p.name.startswith(f"__{d.rank}_") or d.is_main and p.name == ".metadata"]
+    checksums = {}
+    for part in d.gather({p.name: crc32(p) for p in mine}):
+        checksums.update(part)
+    return {"optimizer_groups": optim_sd["param_groups"], "checksums": checksums}
+
+
+def load_shards(model: nn.Module, optimizer, ckpt: dict) -> None:
+    """Load a sharded checkpoint (`ckpt`: its meta.pt, as checkpoint.load gives it) into `model` and, unless None,
+    `optimizer`, each rank reading what its layout holds (a collective under torchrun)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import state_dict as sd
+
+    if optimizer is None:
+        state = {"model": sd.get_model_state_dict(model)}
+    else:
+        model_sd, optim_sd = sd.get_state_dict(model, optimizer)  # templates: the shapes and shards to fill
+        state = {"model": model_sd, "optimizer": optim_sd["state"]}
+    with quiet_single_process():
+        dcp.load(state, storage_reader=shard_reader(ckpt["path"]), no_dist=not dist.is_initialized())
+    sd.set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        sd.set_optimizer_state_dict(model, optimizer, {"state": state["optimizer"],
+                                                       "param_groups": ckpt["optimizer_groups"]})

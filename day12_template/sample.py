@@ -30,8 +30,7 @@ def load_model(path: Path) -> tuple[torch.nn.Module, config.Config]:
     cfg = config.from_dict(ckpt["config"])
     if ckpt["info"]["task"] != "lm":
         raise checkpoint.CheckpointError(f"{path} holds a {ckpt['info']['task']!r} model, not a language model")
-    info = data.TextInfo(ckpt["info"]["vocab_size"], ckpt["info"]["block_size"])
-    model = models.build(cfg.model, info)
+    model = models.build(cfg.model, data.info_from(ckpt["info"]))
     checkpoint.load_weights(model, path)
     return model.eval(), cfg
 

@@ -19,6 +19,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuB
 
 import contextlib
 import dataclasses
+import functools
 import math
 import random
 import sys
@@ -158,6 +159,16 @@ def run(cfg: config.Config, hooks: list[Hook] = ()) -> dict:
         stop.restore()
 
 
+def restore(model, optimizer, ckpt: dict, d: distributed.Dist) -> None:
+    """A checkpoint's model and (unless None) optimizer state, in either format, into this run's layout."""
+    if ckpt.get("sharded"):
+        distributed.load_shards(model, optimizer, ckpt)
+        return
+    distributed.load_model_state(model, ckpt["model"], d)
+    if optimizer is not None:
+        distributed.load_optimizer_state(model, optimizer, ckpt["optimizer"], d)
+
+
 def on_rank0(d: distributed.Dist, claim, run_dir: Path):
     """`claim(run_dir)` on rank 0 (None elsewhere); if it finds the folder busy, every rank refuses (exit 2)."""
     result, error = None, None
@@ -211,8 +222,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     speed = runlog.Speed(tc.batch_size, task.tokens_per_sample, model, device, tc)  # measures the CPU's peak: first
     progress = Progress()
     if ckpt:
-        distributed.load_model_state(model, ckpt["model"], d)
-        distributed.load_optimizer_state(model, optimizer, ckpt["optimizer"], d)
+        restore(model, optimizer, ckpt, d)
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
         sampler.load_state_dict(ckpt["sampler"])
@@ -254,18 +264,27 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         hook.attach(model, module, progress)
     prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
 
+    sharded = cfg.checkpoint.format == "sharded"
+    if cfg.checkpoint.format == "auto":
+        sharded = tc.strategy == "fsdp" and d.enabled
+
     def save(is_best: bool = False) -> None:
-        """Every rank gathers; rank 0 writes. Model and optimizer are full, plain state dicts (names, no prefixes)."""
-        payload = {"format": checkpoint.FORMAT, **dataclasses.asdict(progress), "config": config.to_dict(cfg),
-                   "world_size": d.world, "info": {"task": task.name, **dataclasses.asdict(splits.info)},
-                   "model": distributed.model_state(model, d),
-                   "optimizer": distributed.optimizer_state(model, optimizer, d),
-                   "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "sampler": sampler.state_dict(),
-                   "rng": d.gather(checkpoint.rng_state(device)), "rank_steps": d.gather(progress.step)}
+        """Every rank takes part. Full: rank 0 gathers plain state dicts (names, no prefixes) and writes one file.
+        Sharded: every rank writes its own shard of model and optimizer; rank 0 writes the rest beside them."""
+        meta = {"format": checkpoint.FORMAT, **dataclasses.asdict(progress), "config": config.to_dict(cfg),
+                "world_size": d.world, "info": {"task": task.name, **dataclasses.asdict(splits.info)},
+                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "sampler": sampler.state_dict(),
+                "rng": d.gather(checkpoint.rng_state(device)), "rank_steps": d.gather(progress.step)}
+        if sharded:  # log.flush: the logs reach the disk before the checkpoint that vouches for them
+            shards = functools.partial(distributed.save_shards, model, optimizer, d)
+            checkpoint.save_sharded(meta, shards, run_dir, cfg.checkpoint.keep_last, is_best, d, before=log.flush)
+            return
+        payload = {**meta, "model": distributed.model_state(model, d),
+                   "optimizer": distributed.optimizer_state(model, optimizer, d)}
         error = None
         if d.is_main:
             try:
-                log.flush()  # the logs reach the disk before the checkpoint that vouches for them
+                log.flush()
                 checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last, is_best)
             except (checkpoint.CheckpointError, OSError) as exc:  # OSError: the log's fsync, an old checkpoint's unlink
                 error = str(exc)
@@ -344,7 +363,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     # 5. The test split, touched once: best.pt's weights, read back from disk (the last weights if no file holds them).
     best_step = progress.best["step"]
     if best := checkpoint.load_best(run_dir, best_step, resume):
-        distributed.load_model_state(model, best["model"], d)
+        restore(model, None, best, d)
     tested = f"best.pt, step {best_step}" if best else f"the last weights, step {progress.step}: best.pt is gone"
     stopped_by = "done"
     if early_stopped():
