@@ -19,6 +19,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -49,6 +51,7 @@ import signals  # noqa: E402
 import tasks  # noqa: E402
 import train  # noqa: E402
 import troubleshoot as ts  # noqa: E402
+import zero_lab  # noqa: E402
 from troubleshoot import checks  # noqa: E402
 from faults import Faults  # noqa: E402
 from sprint.gates import Gates, run_this_file  # noqa: E402
@@ -1059,18 +1062,22 @@ def dist_runs(tmp_path_factory):
     Meanwhile, in this process: E's and EL's single-process twins with the same global batch, G, and S's and F's
     checkpoints resumed in a single process."""
     tmp, rng = tmp_path_factory.mktemp("dist"), random.Random()
-    dirs = {k: tmp / k for k in ("E", "A", "F", "S", "E1", "S1", "F1", "G", "B", "EL", "AL", "FL", "EL1", "FM", "DM", "FD")}
+    dirs = {k: tmp / k for k in "E A F S E1 S1 F1 G B EL AL FL EL1 FM DM FD".split()}
     audit = tmp / "audit"
     audit.mkdir()
     e_vals, el_vals = {**DIST, "model.mlp.dropout": 0.0}, {**DIST_LM, "model.gpt.dropout": 0.0}
     mixed = {**el_vals, "train.amp": True, "train.max_steps": 12}  # bf16 autocast; under FSDP2 also its policy
     plan1 = [{"set": sets({**e_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["E"])}),
               "faults": f"audit_writes={audit},grad_syncs={audit}"},
-             {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["A"])})},
-             {"set": sets({**DIST, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["F"])})},
+             {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["A"])}),
+              "state": str(audit / "state-A")},
+             {"set": sets({**DIST, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["F"])}),
+              "state": str(audit / "state-F")},
              {"set": sets({**el_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["EL"])})},
-             {"set": sets({**DIST_LM, "train.strategy": "ddp", "run.out_dir": str(dirs["AL"])})},
-             {"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs["FL"])})},
+             {"set": sets({**DIST_LM, "train.strategy": "ddp", "run.out_dir": str(dirs["AL"])}),
+              "state": str(audit / "state-AL")},
+             {"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs["FL"])}),
+              "state": str(audit / "state-FL")},
              {"set": sets({**mixed, "train.strategy": "fsdp", "run.out_dir": str(dirs["FM"])}),
               "dtypes": str(tmp / "dtypes.json")},
              {"set": sets({**mixed, "train.strategy": "ddp", "run.out_dir": str(dirs["DM"])})},
@@ -1204,6 +1211,19 @@ def test_fsdp_trains_like_ddp_and_its_checkpoint_loads_into_a_plain_model(dist_r
     checkpoint.load_weights(plain, path)  # every key and shape of a plain model, read from the shards
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_fsdp_holds_a_1_over_n_share_of_ddps_parameters_gradients_and_adamw_state_on_each_rank(dist_runs, task):
+    runs = DIST_DIRS[task]
+    held = {(k, r): json.loads((dist_runs["audit"] / f"state-{runs[k]}-rank{r}.json").read_text())
+            for k in ("fsdp", "ddp_dropout") for r in (0, 1)}
+    total = {key: sum(v.values()) for key, v in held.items()}
+    gates.check(f"{task}: per rank, FSDP2's params + grads + AdamW bytes / (DDP's / 2) - 1, worst of 2 ranks "
+                f"(live tensors, before step 2)",
+                max(abs(total["fsdp", r] / (total["ddp_dropout", r] / 2) - 1) for r in (0, 1)), "<=", 0.05)
+    gates.check(f"{task}: DDP's bytes per rank / (16 x parameters) - 1 (fp32 weights, gradients, 2 moments)",
+                abs(held["ddp_dropout", 0]["params"] * 4 / total["ddp_dropout", 0] - 1), "<=", 0.01)
+
+
 def test_fsdp_checkpoints_resume_under_fsdp_and_in_one_process_and_vice_versa(dist_runs):
     d = dist_runs["dirs"]
     gates.check("FSDP2 stopped at step 12, resumed under FSDP2, vs DDP: max |loss diff| over steps 13-32",
@@ -1218,10 +1238,10 @@ def test_fsdp_checkpoints_resume_under_fsdp_and_in_one_process_and_vice_versa(di
 
 def test_fsdp_in_bf16_gathers_bf16_weights_keeps_fp32_shards_and_trains_like_ddp_with_autocast(dist_runs):
     d, dtypes = dist_runs["dirs"], dist_runs["dtypes"]
+    moment = shard_index(d["FM"] / "last.pt")["optimizer.blocks.0.attn.c_attn.weight.exp_avg"]
     gates.check("FSDP2 + train.amp (bf16): dtype of a block's weight inside forward (all-gathered); of its shard; "
-                "of AdamW's moments in the checkpoint",
-                [dtypes["in_forward"], dtypes["shard"],
-                 str(shard_index(d["FM"] / "last.pt")["optimizer.blocks.0.attn.c_attn.weight.exp_avg"].properties.dtype)],
+                "of AdamW's moments in the checkpoint", [dtypes["in_forward"], dtypes["shard"],
+                                                         str(moment.properties.dtype)],
                 "==", ["torch.bfloat16", "torch.float32", "torch.float32"])
     gates.check("GPT in bf16: FSDP2 (MixedPrecisionPolicy + autocast) vs DDP + autocast: max |loss diff|, 12 steps",
                 max_loss_diff(d["FM"], d["DM"]), "<=", 1e-2)
@@ -1344,18 +1364,49 @@ def restart_run(run_dir: Path, strategy: str, kill_at: int) -> dict:
     return {"code": code, "text": text, "run_dir": run_dir, "kill_at": kill_at, "victims": victims}
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_nodes(run_dir: Path) -> list:
+    """The config of dist_runs' A as a 2-node job on loopback: two torchrun launchers, one rank each, meeting through
+    the c10d rendezvous the README's SLURM script uses. Returns both launchers' (exit code, output)."""
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={run_dir.name}", "--max-restarts=1",
+            str(HERE / "train.py"), "--set", *sets({**DIST, "train.strategy": "ddp", "checkpoint.resume": "auto",
+                                                     "run.out_dir": str(run_dir)})]
+    env = child_env(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    results = [None, None]
+
+    def one(i: int) -> None:
+        results[i] = launch(node, env=env)
+
+    launchers = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
+    for launcher in launchers:
+        launcher.start()
+    for launcher in launchers:
+        launcher.join()
+    return results
+
+
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory, dist_runs):
-    """Run R: the config of dist_runs' A (DDP) plus a checkpoint every 4 steps, under DDP and (at the same time)
-    under FSDP2 with sharded checkpoints; in each, rank 1 SIGKILLed at a random step, then torchrun restarts both
-    ranks, which resume from last.pt."""
+    """At the same time: run R, the config of dist_runs' A (DDP) plus a checkpoint every 4 steps, under DDP and under
+    FSDP2 with sharded checkpoints, in each rank 1 SIGKILLed at a random step and both ranks restarted by torchrun,
+    resuming from last.pt; and A's config as a 2-node job on loopback (N)."""
     tmp, rng, runs = tmp_path_factory.mktemp("elastic"), random.Random(), {}
     kill_at = {strategy: rng.randrange(5, 2 * 16 - 2) for strategy in ("ddp", "fsdp")}
 
     def one(strategy: str) -> None:
         runs[strategy] = restart_run(tmp / strategy, strategy, kill_at[strategy])
 
+    def nodes() -> None:
+        runs["nodes"] = {"run_dir": tmp / "N", "launchers": two_nodes(tmp / "N")}
+
     threads = [threading.Thread(target=one, args=(strategy,)) for strategy in kill_at]
+    threads.append(threading.Thread(target=nodes))
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -1384,6 +1435,19 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_equals_an_uninterr
                 "==", [])
 
 
+def test_two_torchrun_nodes_on_loopback_train_exactly_like_one_standalone_launcher(restarted):
+    run_dir, reference = restarted["nodes"]["run_dir"], restarted["reference"]
+    gates.check("2 torchrun launchers (--nnodes=2, c10d rendezvous on 127.0.0.1): exit codes",
+                [code for code, _ in restarted["nodes"]["launchers"]], "==", [0, 0])
+    ours, theirs = train_records(run_dir), train_records(reference)
+    gates.check("... train records that differ from --standalone --nproc_per_node=2 (32 steps)",
+                [s for s in theirs if ours.get(s, {}).get("loss") != theirs[s]["loss"]], "==", [])
+    a, b = checkpoint.load(run_dir / "last.pt"), checkpoint.load(reference / "last.pt")
+    gates.check("... final model/optimizer entries that differ bitwise",
+                diff_states({k: a[k] for k in ("model", "optimizer")}, {k: b[k] for k in ("model", "optimizer")}),
+                "==", [])
+
+
 def test_max_restarts_without_the_rendezvous_fix_is_refused_naming_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
     for agent_store, resume, fix in [("True", "auto", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"),
@@ -1391,7 +1455,8 @@ def test_max_restarts_without_the_rendezvous_fix_is_refused_naming_it(tmp_path, 
         monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent_store)
         code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "R"), "checkpoint.resume": resume})])
         err = capsys.readouterr().err
-        gates.check(f"torchrun --max-restarts=2, agent store {agent_store}, resume {resume!r}: exit code", code, "==", 2)
+        gates.check(f"torchrun --max-restarts=2, agent store {agent_store}, resume {resume!r}: exit code", code,
+                    "==", 2)
         assert err.count("\n") == 1 and fix in err, err
     assert not (tmp_path / "R").exists()
 
@@ -1712,6 +1777,24 @@ class DtypeProbe(train.Hook):
             self.path.write_text(json.dumps(self.seen))
 
 
+class StateProbe(train.Hook):
+    """Writes, on each rank, the parameter, gradient and AdamW-state bytes it holds (zero_lab's count of the live
+    tensors: an FSDP2 shard counts its local part) just before the run's second optimizer step."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def attach(self, model, module, progress):
+        self.model, self.progress = model, progress
+        self.handle = register_optimizer_step_pre_hook(self.before_step)  # every optimizer, before each step
+
+    def before_step(self, optimizer, args, kwargs) -> None:
+        if self.progress.step == 1:  # AdamW's moments exist from the first step on
+            held = zero_lab.held_bytes(self.model, optimizer)
+            Path(f"{self.path}-rank{os.environ['RANK']}.json").write_text(json.dumps(held))
+            self.handle.remove()
+
+
 def dist_driver(plan_file: str) -> int:
     """Under torchrun: join the process group once, then run each planned config in turn (as train.py would)."""
     import torch.distributed as dist
@@ -1722,6 +1805,7 @@ def dist_driver(plan_file: str) -> int:
             drills = Faults.from_env(item.get("faults", ""))
             drills.install_process_drills()
             probes = [DtypeProbe(item["dtypes"])] if "dtypes" in item else []
+            probes += [StateProbe(item["state"])] if "state" in item else []
             train.run(config.load(None, item["set"]), [drills, *probes])
         except train.Stopped as exc:
             return exc.code

@@ -162,9 +162,7 @@ def estimate(cfg: config.Config, info, device: str = "cuda", world: int = 1) -> 
 
 def cpu_step_peak(cfg: config.Config, info) -> int:
     """Measured on the CPU: the most a training step (forward, backward, clip, AdamW) allocates above the memory
-    live before it, from the profiler's allocation tracking (the CPU stand-in for max_memory_allocated)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    live before it (see allocation_peak)."""
     import train
 
     torch.manual_seed(0)
@@ -182,8 +180,16 @@ def cpu_step_peak(cfg: config.Config, info) -> int:
         optimizer.zero_grad(set_to_none=True)
 
     step()  # AdamW creates its moments on the first step: measure a steady one
+    return allocation_peak(step)
+
+
+def allocation_peak(fn) -> int:
+    """The most `fn()` allocates on the CPU above the memory live before it, from torch.profiler's allocation
+    tracking (the CPU stand-in for torch.cuda.max_memory_allocated)."""
+    from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
+        fn()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.load(open(f.name))["traceEvents"]

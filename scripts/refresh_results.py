@@ -36,7 +36,8 @@ STEPS: dict[int, list[tuple[str, list[str], dict]]] = {
          ("day10_bigbatch_ckpt/main.py", ["--out", "day10_bigbatch_ckpt/results/avx2"], AVX2),
          ("day10_bigbatch_ckpt/levers_lab.py", [], {})],
     11: [("day11_profile/main.py", [], {}), ("day11_profile/compile_lab.py", [], {})],
-    12: [("day12_template/main.py", [], {}), ("day12_template/bench.py", [], {})],
+    12: [("day12_template/main.py", [], {}), ("day12_template/bench.py", [], {}),
+         ("day12_template/zero_lab.py", [], {})],
 }
 
 

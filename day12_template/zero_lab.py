@@ -1,0 +1,256 @@
+"""zero_lab.py — what each rank holds, sends and writes, measured: the GPT config under DDP and FSDP2 (ZeRO-3) on 1, 2
+and 4 CPU ranks (gloo), next to the six-week plan's formulas.
+
+    python zero_lab.py --out results            # results/zero.json, zero.md and zero.png
+
+Per rank, from the live tensors (an FSDP2 parameter is a DTensor: its local shard is what the rank holds): parameter,
+gradient and AdamW-state bytes; the peak a steady training step allocates above what was live before it (the
+profiler's allocation record, the CPU stand-in for torch.cuda.max_memory_allocated); and the bytes it sends per
+optimizer step, counted from the collectives it calls (DDP's gradient buckets through a comm hook; FSDP2's
+all-gathers and reduce-scatters) as a ring algorithm sends them: all-reduce 2(N-1)/N of the payload, all-gather and
+reduce-scatter (N-1)/N. Formulas (fp32 weights, gradients and two AdamW moments, Psi parameters): DDP 16 Psi per
+rank, ZeRO-3 16 Psi / N; the all-reduce volume of DDP 2(N-1)/N * 4 Psi.
+
+Then one checkpoint of each format, timed on every rank: full (the whole model and optimizer gathered on rank 0,
+one file) and sharded (each rank writes its own shard with torch.distributed.checkpoint): the training stall per
+save (every rank waits for it), the bytes each rank writes and the bytes rank 0 holds to write them.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import checkpoint
+import config
+import distributed
+import memory
+import models
+import runlog
+import tasks
+import train
+
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE / "configs" / "shakespeare_cpu.toml"
+RANKS = (1, 2, 4)
+
+
+# -- what a rank holds ----------------------------------------------------------------------------------------------
+def local_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank stores for `t` (for a DTensor: its local shard)."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def held_bytes(model: torch.nn.Module, optimizer) -> dict:
+    """Parameter, gradient and optimizer-state bytes this rank holds now."""
+    states = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    return {"params": sum(local_bytes(p) for p in model.parameters()),
+            "grads": sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None),
+            "optimizer": sum(local_bytes(v) for v in states)}
+
+
+# -- what a rank sends --------------------------------------------------------------------------------------------
+class SentBytes:
+    """Bytes this rank sends per collective, ring-equivalent, counted where DDP and FSDP2 call them."""
+
+    def __init__(self, module: torch.nn.Module, world: int):
+        self.world, self.total = world, 0
+        if hasattr(module, "register_comm_hook"):  # DDP: each gradient bucket is all-reduced once per step
+            module.register_comm_hook(None, self.ddp_bucket)
+        for name in ("all_gather_single", "reduce_scatter_single"):  # FSDP2 calls these on torch.distributed
+            setattr(dist, name, self.counted(getattr(dist, name)))
+
+    def ring(self, nbytes: int, factor: int) -> None:
+        self.total += factor * (self.world - 1) * nbytes // self.world
+
+    def ddp_bucket(self, state, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        buffer = bucket.buffer()
+        self.ring(buffer.numel() * buffer.element_size(), 2)
+        return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
+
+    def counted(self, collective):
+        def call(output, input, *args, **kwargs):
+            full = output if collective.__name__ == "all_gather_single" else input  # the unsharded side
+            self.ring(full.numel() * full.element_size(), 1)
+            return collective(output, input, *args, **kwargs)
+
+        call.__name__ = collective.__name__
+        return call
+
+
+# -- one rank's measurement ---------------------------------------------------------------------------------------
+def worker(strategy: str, out: Path) -> None:
+    """Under torchrun (or alone): one steady step measured, then one save of each checkpoint format timed."""
+    d = distributed.setup("cpu")
+    cfg = config.load(str(CONFIG), [f"train.strategy={strategy}"])
+    info = memory.info_of(cfg)
+    torch.manual_seed(cfg.run.seed)
+    model = models.build(cfg.model, info)
+    module = distributed.wrap(model, strategy, d)
+    optimizer = train.build_optimizer(model, cfg.optim)
+    task = tasks.for_data(info)
+    x, y = memory.sample_batch(info, cfg.train.batch_size // d.world)
+    sent = SentBytes(module, d.world)
+    held = {}
+
+    def step() -> None:
+        task.loss(module(x), y).backward()
+        held.update(held_bytes(model, optimizer))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # AdamW creates its moments: measure a steady step
+    sent.total = 0
+    peak = memory.allocation_peak(step)
+    figures = {**held, "step_peak": peak, "sent_per_step": sent.total, "saves": saves(model, optimizer, d, out)}
+    everyone = d.gather(figures)
+    if d.is_main:
+        out.write_text(json.dumps({"params": models.count_params(model), "ranks": everyone}))
+    d.barrier()
+    d.close()
+
+
+def saves(model, optimizer, d: distributed.Dist, out: Path) -> dict:
+    """One checkpoint of each format into a scratch folder: seconds every rank waits, bytes each rank writes, bytes
+    rank 0 holds for it."""
+    scratch = out.with_suffix(".ckpt")
+    figures = {}
+    for fmt in ("full", "sharded"):
+        folder = scratch / fmt
+        if d.is_main:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+        d.barrier()
+        start = time.perf_counter()
+        held = written = 0
+        if fmt == "full":  # what the template does with checkpoint.format = full
+            state = {"model": distributed.model_state(model, d),
+                     "optimizer": distributed.optimizer_state(model, optimizer, d)}
+            if d.is_main:
+                held = sum(local_bytes(t) for t in tensors(state))
+                checkpoint.atomic_save(state, folder / "ckpt.pt")
+                written = (folder / "ckpt.pt").stat().st_size
+        else:
+            held = sum(local_bytes(t) for t in tensors([model.state_dict(), optimizer.state]))
+            distributed.save_shards(model, optimizer, d, folder)
+            written = sum(f.stat().st_size for f in folder.iterdir() if f.name.startswith(f"__{d.rank}_"))
+        d.barrier()
+        figures[fmt] = {"stall_s": time.perf_counter() - start, "written": written, "held": held}
+    return figures
+
+
+def tensors(tree) -> list[torch.Tensor]:
+    """Every tensor in nested dicts and lists."""
+    if torch.is_tensor(tree):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in tensors(v)]
+    return []
+
+
+# -- the lab ------------------------------------------------------------------------------------------------------
+def measure(strategy: str, ranks: int, scratch: Path) -> dict:
+    """The worker on `ranks` CPU ranks (one thread each) under torchrun, or alone for 1."""
+    out = scratch / f"{strategy}-{ranks}.json"
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] if ranks > 1 else []
+    subprocess.run([sys.executable, *launcher, __file__, "--worker", strategy, str(out)], check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "KINETO_LOG_LEVEL": "6"},  # no profiler chatter
+                   stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def summarise(strategy: str, ranks: int, got: dict) -> dict:
+    """Rank 0's figures (the largest shard under FSDP2), the formula and the ratios the README shows."""
+    psi, r0 = got["params"], got["ranks"][0]
+    state = r0["params"] + r0["grads"] + r0["optimizer"]
+    formula = 16 * psi / (ranks if strategy == "fsdp" else 1)
+    return {"strategy": strategy, "ranks": ranks, "psi": psi, **{k: r0[k] for k in ("params", "grads", "optimizer")},
+            "state": state, "formula": formula, "step_peak": r0["step_peak"], "sent_per_step": r0["sent_per_step"],
+            "allreduce_formula": 2 * (ranks - 1) / ranks * 4 * psi, "saves_by_rank": [r["saves"] for r in got["ranks"]]}
+
+
+def markdown(res: dict) -> str:
+    mib = 2 ** 20
+    lines = [f"`{res['config']}`: the GPT, {res['psi']:,} parameters (Psi), fp32, AdamW; micro-batch = "
+             f"{res['batch']} / N windows; {res['machine']}, torch {res['torch']}, one thread per rank (gloo).", "",
+             "| strategy | ranks N | params + grads + AdamW per rank, MiB | formula (DDP 16 Psi, ZeRO-3 16 Psi / N) "
+             "| step peak above resting, MiB | sent per step, MiB | DDP's all-reduce 2(N-1)/N * 4 Psi, MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in res["rows"]:
+        lines.append(f"| {row['strategy']} | {row['ranks']} | {row['state'] / mib:.2f} | {row['formula'] / mib:.2f} | "
+                     f"{row['step_peak'] / mib:.2f} | {row['sent_per_step'] / mib:.2f} | "
+                     f"{row['allreduce_formula'] / mib:.2f} |")
+    lines += ["", "One checkpoint of each format (every rank waits for it: the training stall per save):", "",
+              "| strategy | ranks | format | stall, ms | written by rank 0 / by each other rank, MiB | held by rank 0 "
+              "to write it, MiB |", "|---|---:|---|---:|---:|---:|"]
+    for row in res["rows"]:
+        if row["ranks"] == 1:
+            continue
+        for fmt in ("full", "sharded"):
+            per_rank = [s[fmt] for s in row["saves_by_rank"]]
+            lines.append(f"| {row['strategy']} | {row['ranks']} | {fmt} | {1000 * per_rank[0]['stall_s']:.0f} | "
+                         f"{per_rank[0]['written'] / mib:.2f} / {per_rank[1]['written'] / mib:.2f} | "
+                         f"{per_rank[0]['held'] / mib:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    mib = 2 ** 20
+    for strategy, marker in (("ddp", "o"), ("fsdp", "s")):
+        rows = [r for r in res["rows"] if r["strategy"] == strategy]
+        ax.plot([r["ranks"] for r in rows], [r["state"] / mib for r in rows], marker=marker,
+                label=f"{strategy}: measured")
+        ax.plot([r["ranks"] for r in rows], [r["formula"] / mib for r in rows], linestyle="--", color="gray")
+    ax.set(xlabel="ranks N", ylabel="params + grads + AdamW per rank (MiB)", xticks=list(RANKS),
+           title="Per-rank training state: DDP 16 Psi, ZeRO-3 16 Psi / N (dashed)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "runs" / "zero_lab")
+    parser.add_argument("--worker", nargs=2, metavar=("STRATEGY", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker[0], Path(args.worker[1]))
+        return {}
+    cfg = config.load(str(CONFIG), [])
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for strategy in ("ddp", "fsdp"):
+            for ranks in RANKS:
+                print(f"{strategy} on {ranks} rank(s) ...", flush=True)
+                rows.append(summarise(strategy, ranks, measure(strategy, ranks, Path(scratch))))
+    res = {"config": CONFIG.name, "psi": rows[0]["psi"], "batch": cfg.train.batch_size,
+           "machine": runlog.cpu_name(), "torch": torch.__version__, "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "zero.json").write_text(json.dumps(res, indent=2) + "\n")
+    (args.out / "zero.md").write_text(markdown(res))
+    plot(res, args.out / "zero.png")
+    print(markdown(res))
+    print(f"wrote {args.out / 'zero.json'}, zero.md and zero.png")
+    return res
+
+
+if __name__ == "__main__":
+    main()
