@@ -1339,12 +1339,26 @@ def test_a_killed_run_leaves_no_stale_lock(killed_launcher):
     lock.release()
 
 
-ELASTIC = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def restart_run(run_dir: Path, strategy: str, kill_at: int) -> dict:
-    """`torchrun --max-restarts=1` as the README launches it, rank 1 SIGKILLed once the run logged step `kill_at`."""
-    victims = []
+def launchers(nodes: int, name: str) -> list[list[str]]:
+    """torchrun command lines for 2 ranks with `--max-restarts=1`: one `--standalone` launcher, or 2 "nodes" of one
+    rank each on this machine meeting through the c10d rendezvous, as the README's SLURM script has them."""
+    if nodes == 1:
+        return [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]]
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={name}", "--max-restarts=1"]
+    return [node, node]
+
+
+def restart_run(run_dir: Path, strategy: str, nodes: int, kill_at: int) -> dict:
+    """The config of dist_runs' A plus a checkpoint every 4 steps, launched as the README launches it for restarts
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, resume=auto); rank 1 SIGKILLed once the run logged step `kill_at`."""
+    victims, results = [], {}
 
     def kill_rank_1() -> None:
         while not reached(run_dir, kill_at)():
@@ -1353,60 +1367,38 @@ def restart_run(run_dir: Path, strategy: str, kill_at: int) -> dict:
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
 
+    def one(i: int, argv: list[str]) -> None:
+        results[i] = launch(argv, env=child_env(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                                                TEMPLATE_FAULTS="step_sleep=0.05"))
+
+    values = {**DIST, "train.strategy": strategy, "checkpoint.every_steps": 4, "checkpoint.resume": "auto",
+              "run.out_dir": str(run_dir)}
     killer = threading.Thread(target=kill_rank_1, daemon=True)
     killer.start()
-    argv = [*ELASTIC, str(HERE / "faults.py"), "--set",
-            *sets({**DIST, "train.strategy": strategy, "checkpoint.every_steps": 4, "checkpoint.resume": "auto",
-                   "run.out_dir": str(run_dir)})]
-    code, text = launch(argv, env=child_env(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                                            TEMPLATE_FAULTS="step_sleep=0.05"))
+    threads = [threading.Thread(target=one, args=(i, [*argv, str(HERE / "faults.py"), "--set", *sets(values)]))
+               for i, argv in enumerate(launchers(nodes, run_dir.name))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     killer.join(1)
-    return {"code": code, "text": text, "run_dir": run_dir, "kill_at": kill_at, "victims": victims}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def two_nodes(run_dir: Path) -> list:
-    """The config of dist_runs' A as a 2-node job on loopback: two torchrun launchers, one rank each, meeting through
-    the c10d rendezvous the README's SLURM script uses. Returns both launchers' (exit code, output)."""
-    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={run_dir.name}", "--max-restarts=1",
-            str(HERE / "train.py"), "--set", *sets({**DIST, "train.strategy": "ddp", "checkpoint.resume": "auto",
-                                                     "run.out_dir": str(run_dir)})]
-    env = child_env(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    results = [None, None]
-
-    def one(i: int) -> None:
-        results[i] = launch(node, env=env)
-
-    launchers = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
-    for launcher in launchers:
-        launcher.start()
-    for launcher in launchers:
-        launcher.join()
-    return results
+    return {"codes": [results[i][0] for i in sorted(results)], "run_dir": run_dir, "kill_at": kill_at,
+            "victims": victims, "nodes": nodes}
 
 
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory, dist_runs):
-    """At the same time: run R, the config of dist_runs' A (DDP) plus a checkpoint every 4 steps, under DDP and under
-    FSDP2 with sharded checkpoints, in each rank 1 SIGKILLed at a random step and both ranks restarted by torchrun,
-    resuming from last.pt; and A's config as a 2-node job on loopback (N)."""
+    """At the same time, each with rank 1 SIGKILLed at a random step and both ranks restarted by torchrun from
+    last.pt: dist_runs' A config under DDP as a 2-node job on loopback (two launchers), and under FSDP2 (sharded
+    checkpoints) from one launcher."""
     tmp, rng, runs = tmp_path_factory.mktemp("elastic"), random.Random(), {}
-    kill_at = {strategy: rng.randrange(5, 2 * 16 - 2) for strategy in ("ddp", "fsdp")}
+    nodes = {"ddp": 2, "fsdp": 1}
+    kill_at = {strategy: rng.randrange(5, 2 * 16 - 2) for strategy in nodes}
 
     def one(strategy: str) -> None:
-        runs[strategy] = restart_run(tmp / strategy, strategy, kill_at[strategy])
+        runs[strategy] = restart_run(tmp / strategy, strategy, nodes[strategy], kill_at[strategy])
 
-    def nodes() -> None:
-        runs["nodes"] = {"run_dir": tmp / "N", "launchers": two_nodes(tmp / "N")}
-
-    threads = [threading.Thread(target=one, args=(strategy,)) for strategy in kill_at]
-    threads.append(threading.Thread(target=nodes))
+    threads = [threading.Thread(target=one, args=(strategy,)) for strategy in nodes]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -1417,33 +1409,21 @@ def restarted(tmp_path_factory, dist_runs):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_equals_an_uninterrupted_one(restarted, strategy):
     run, reference = restarted[strategy], restarted["reference"]
-    run_dir = run["run_dir"]
-    gates.check(f"{strategy}: torchrun --max-restarts=1, rank 1 SIGKILLed after step {run['kill_at']}: ranks "
-                f"killed", len(run["victims"]), "==", 1)
+    run_dir, where = run["run_dir"], "2 nodes on loopback" if run["nodes"] == 2 else "--standalone"
+    gates.check(f"{strategy} ({where}): torchrun --max-restarts=1, rank 1 SIGKILLed after step {run['kill_at']}: "
+                f"ranks killed", len(run["victims"]), "==", 1)
     sharded = checkpoint.load(run_dir / "last.pt", mmap=True).get("sharded", False)
     gates.check("... checkpoints sharded (checkpoint.format auto: under FSDP2)", sharded, "==", strategy == "fsdp")
-    gates.check("... torchrun's exit code after the restarted ranks finished", run["code"], "==", 0)
+    gates.check("... the launchers' exit codes after the restarted ranks finished", run["codes"], "==",
+                [0] * run["nodes"])
     launches = json.loads((run_dir / "run.json").read_text())["launches"]
     gates.check("... launches in run.json (the first and the restart, resumed from last.pt)",
                 [bool(item["resumed_from"]) for item in launches], "==", [False, True])
     ours, theirs = train_records(run_dir), train_records(reference)
-    gates.check("... train records that differ from the uninterrupted DDP run (every step of the run)",
+    gates.check("... train records that differ from the uninterrupted --standalone DDP run (every step of the run)",
                 [s for s in theirs if ours.get(s, {}).get("loss") != theirs[s]["loss"]], "==", [])
     a, b = full(run_dir / "last.pt"), full(reference / "last.pt")
     gates.check("... final model/optimizer entries that differ bitwise from the uninterrupted DDP run",
-                diff_states({k: a[k] for k in ("model", "optimizer")}, {k: b[k] for k in ("model", "optimizer")}),
-                "==", [])
-
-
-def test_two_torchrun_nodes_on_loopback_train_exactly_like_one_standalone_launcher(restarted):
-    run_dir, reference = restarted["nodes"]["run_dir"], restarted["reference"]
-    gates.check("2 torchrun launchers (--nnodes=2, c10d rendezvous on 127.0.0.1): exit codes",
-                [code for code, _ in restarted["nodes"]["launchers"]], "==", [0, 0])
-    ours, theirs = train_records(run_dir), train_records(reference)
-    gates.check("... train records that differ from --standalone --nproc_per_node=2 (32 steps)",
-                [s for s in theirs if ours.get(s, {}).get("loss") != theirs[s]["loss"]], "==", [])
-    a, b = checkpoint.load(run_dir / "last.pt"), checkpoint.load(reference / "last.pt")
-    gates.check("... final model/optimizer entries that differ bitwise",
                 diff_states({k: a[k] for k in ("model", "optimizer")}, {k: b[k] for k in ("model", "optimizer")}),
                 "==", [])
 
