@@ -933,15 +933,17 @@ def test_nan_before_any_checkpoint_says_none_was_written_instead_of_naming_last_
                 code == 1 and "no checkpoint was written yet" in err and "last.pt" not in err, "==", True)
 
 
-def test_nan_after_a_checkpoint_advises_init_from_with_a_lower_lr_and_that_run_starts(tmp_path, capsys, monkeypatch):
-    run_dir, last = tmp_path / "run", tmp_path / "run" / "last.pt"
-    train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir)})], [Faults(nan_step=5, nan_module="head")])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nan_after_a_checkpoint_advises_init_from_with_a_lower_lr_and_that_run_starts(fmt, tmp_path, capsys):
+    run_dir, last, values = tmp_path / "run", tmp_path / "run" / "last.pt", {**TINY, **FORMATS[fmt]}
+    train.main(["--set", *sets({**values, "run.out_dir": str(run_dir)})], [Faults(nan_step=5, nan_module="head")])
     err = capsys.readouterr().err
-    gates.check("NaN message names last.pt and advises checkpoint.init_from with a lower optim.lr",
+    gates.check(f"{fmt}: NaN message names last.pt and advises checkpoint.init_from with a lower optim.lr",
                 f"checkpoint.init_from={last} optim.lr=" in err, "==", True)
-    code = train.main(["--set", *sets({**TINY, "checkpoint.init_from": str(last), "optim.lr": 1e-3,
+    code = train.main(["--set", *sets({**values, "checkpoint.init_from": str(last), "optim.lr": 1e-3,
                                        "train.max_steps": 2, "run.out_dir": str(tmp_path / "lower")})])
-    gates.check("exit code of the advised run (init_from last.pt, lower optim.lr, new run.out_dir)", code, "==", 0)
+    gates.check(f"{fmt}: exit code of the advised run (init_from last.pt, lower optim.lr, new run.out_dir)", code,
+                "==", 0)
 
 
 # --- the rest of Days 4-11 in the loop ------------------------------------------------------------------------------
@@ -1182,18 +1184,28 @@ def test_a_ddp_checkpoint_loads_into_one_process_and_finishes(dist_runs):
                 abs(single["best_val_loss"] / ref - 1), "<=", 0.05)
 
 
-def test_ddp_validation_figures_are_those_of_the_saved_batchnorm_model(dist_runs):
-    run_dir = dist_runs["dirs"]["B"]
-    cfg = cfg_of(BN_DIST, run_dir)
+def best_val_loss_in_one_process(values: dict, run_dir: Path) -> tuple[float, float]:
+    """(best.pt's val loss evaluated here in one process, the val loss the run logged for it)."""
+    cfg = cfg_of(values, run_dir)
     splits = data.build(cfg.data, cfg.run.seed)
     model = models.build(cfg.model, splits.info)
-    best = checkpoint.load(run_dir / "best.pt")
-    model.load_state_dict(best["model"])  # rank 0's running statistics
+    checkpoint.load_weights(model, run_dir / "best.pt")  # a full file or a sharded folder
     loader, weights = data.eval_loaders(splits, 64, 0, 1, 0, False)["val"]
     metrics = train.evaluate(model, tasks.for_data(splits.info), loader, weights, torch.device("cpu"),
                              models.autocast(cfg.train, "cpu"), distributed.Dist())
+    return metrics["loss"], checkpoint.load(run_dir / "best.pt", mmap=True)["best"]["val_loss"]
+
+
+def test_ddp_validation_figures_are_those_of_the_saved_batchnorm_model(dist_runs):
+    here, logged = best_val_loss_in_one_process(BN_DIST, dist_runs["dirs"]["B"])  # rank 0's running statistics
     gates.check("ResNet (BatchNorm) under DDP: |best.pt's val loss in one process / the logged one - 1|",
-                abs(metrics["loss"] / best["best"]["val_loss"] - 1), "<=", 1e-6)
+                abs(here / logged - 1), "<=", 1e-6)
+
+
+def test_a_gpt_trained_by_2_fsdp_ranks_gives_its_logged_val_loss_from_its_shards_in_one_process(dist_runs):
+    here, logged = best_val_loss_in_one_process(DIST_LM, dist_runs["dirs"]["FL"])
+    gates.check("GPT under FSDP2, sharded best.pt read in one process: |val loss / the 2 ranks' logged one - 1|",
+                abs(here / logged - 1), "<=", 1e-6)
 
 
 @pytest.mark.parametrize("task", TASKS)

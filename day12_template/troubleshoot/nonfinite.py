@@ -126,7 +126,7 @@ def nonfinite_error(step: int, epoch: int, loss: float, norm: float, model, batc
     where = d.gather(first_nonfinite_module(model, batches, autocast))
     found = next((f"rank {r}: {w}" if d.enabled else w for r, w in enumerate(where) if w), None)
     found = found or "none (it arose in the loss or in backward)"
-    if Path(last).is_file():
+    if Path(last).exists():  # a file, or a sharded checkpoint's folder
         kept = (f"the last good checkpoint is {last}. A resume keeps optim.lr (a changed one is refused): start a new "
                 f"run (another run.out_dir) with a lower optim.lr, from scratch or from these weights with "
                 f"`--set checkpoint.init_from={last} optim.lr=...` (weights only: a new optimizer and schedule)")
