@@ -186,6 +186,7 @@ BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line m
     (["lr=1e-3"], "did you mean `optim.lr`"),
     (["optim.lrr=1e-3"], "did you mean `optim.lr`"),
     (["train.grad_accum=0"], "train.grad_accum"),
+    (["checkpoint.async_save=true"], "checkpoint.format=sharded"),  # one process, format auto: full checkpoints
     (["data.dataset=mnsit"], "did you mean `mnist`"),
     (["model.name=vit"], "model.name"),
     (["train.amp_dtype=fp8"], "train.amp_dtype"),
@@ -581,7 +582,8 @@ def test_sample_py_writes_text_from_a_run_in_a_copy_outside_the_repo(tmp_path):
 VARIANTS = {"fp32": TINY, "grad_accum=4 + bf16": {**TINY, "train.grad_accum": 4, "train.amp": True},
             "2 data workers": {**TINY, "data.num_workers": 2}, "gpt": TINY_LM,
             "gpt grad_accum=4 + bf16": {**TINY_LM, "train.grad_accum": 4, "train.amp": True},
-            "sharded": {**TINY, **FORMATS["sharded"]}}
+            "sharded": {**TINY, **FORMATS["sharded"]},
+            "sharded, async_save": {**TINY, **FORMATS["sharded"], "checkpoint.async_save": True}}
 
 
 def mid_epoch_kill_step(rng: random.Random) -> int:
@@ -651,6 +653,24 @@ def test_sigkill_between_linking_best_and_last_leaves_best_correct(fmt, tmp_path
     gates.check(f"{fmt}: best.pt step == the best step the run recorded", best["step"], "==", result["best_step"])
     gates.check(f"{fmt}: best.pt weights vs the uninterrupted run's best.pt: entries that differ",
                 diff_states(best["model"], ref_best["model"]), "==", [])
+
+
+def test_an_asynchronous_save_writes_the_same_checkpoints_as_a_synchronous_one(tmp_path):
+    values = {**TINY, **FORMATS["sharded"]}
+    train.run(cfg_of(values, tmp_path / "sync"))
+    train.run(cfg_of({**values, "checkpoint.async_save": True}, tmp_path / "async"))
+    names = [p.name for p in checkpoint.step_files(tmp_path / "sync")]
+    gates.check("checkpoint.async_save: step folders kept (keep_last 2, and best.pt's)",
+                [p.name for p in checkpoint.step_files(tmp_path / "async")], "==", names)
+    keys = ("model", "optimizer", "scheduler", "scaler", "sampler", "rng", "step", "best", "window")
+
+    def state(run: str, name: str) -> dict:
+        saved = full(tmp_path / run / name)
+        return {k: saved[k] for k in keys}
+
+    differ = [diff_states(state("sync", name), state("async", name)) for name in names]
+    gates.check("checkpoint.async_save vs a synchronous save: entries that differ bitwise, every kept checkpoint",
+                differ, "==", [[] for _ in names])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -1384,7 +1404,7 @@ def restart_run(run_dir: Path, strategy: str, nodes: int, kill_at: int) -> dict:
                                                 TEMPLATE_FAULTS="step_sleep=0.05"))
 
     values = {**DIST, "train.strategy": strategy, "checkpoint.every_steps": 4, "checkpoint.resume": "auto",
-              "run.out_dir": str(run_dir)}
+              "checkpoint.async_save": strategy == "fsdp", "run.out_dir": str(run_dir)}
     killer = threading.Thread(target=kill_rank_1, daemon=True)
     killer.start()
     threads = [threading.Thread(target=one, args=(i, [*argv, str(HERE / "faults.py"), "--set", *sets(values)]))
@@ -1402,7 +1422,7 @@ def restart_run(run_dir: Path, strategy: str, nodes: int, kill_at: int) -> dict:
 def restarted(tmp_path_factory, dist_runs):
     """At the same time, each with rank 1 SIGKILLed at a random step and both ranks restarted by torchrun from
     last.pt: dist_runs' A config under DDP as a 2-node job on loopback (two launchers), and under FSDP2 (sharded
-    checkpoints) from one launcher."""
+    checkpoints written asynchronously) from one launcher."""
     tmp, rng, runs = tmp_path_factory.mktemp("elastic"), random.Random(), {}
     nodes = {"ddp": 2, "fsdp": 1}
     kill_at = {strategy: rng.randrange(5, 2 * 16 - 2) for strategy in nodes}

@@ -17,6 +17,7 @@ import random
 import re
 import shutil
 import zipfile
+from copy import deepcopy
 from pathlib import Path
 
 import numpy as np
@@ -165,49 +166,76 @@ def save(payload: dict, run_dir: Path, keep_last: int, is_best: bool) -> Path:
     return _link_and_prune(path, run_dir, keep_last, is_best)
 
 
-def save_sharded(meta: dict, write_shards, run_dir: Path, keep_last: int, is_best: bool, d, before) -> Path:
-    """On every rank (a collective): `write_shards(folder)` writes this rank's shard into ckpt-<step>.tmp/ and returns
-    what meta.pt needs beside it; rank 0 first calls `before()`, then adds meta.pt, renames the folder to
-    ckpt-<step>/, links best.pt (first) and last.pt to it and prunes. Any rank's failure -> CheckpointError on every
-    rank; the previous checkpoint stays."""
-    final = run_dir / step_name(meta["step"], sharded=True)
-    tmp = final.with_name(final.name + ".tmp")
-    intact = f"The previous checkpoint is intact: {run_dir / 'last.pt'}"
-    error = None
-    if d.is_main:
+class ShardedSave:
+    """A sharded checkpoint being written, on every rank (each step is a collective). Started: rank 0 calls `before()`
+    and makes ckpt-<step>.tmp/, then `write_shards(folder)` starts this rank's shard and returns a distributed.Writing
+    (done yet? then its result: what meta.pt needs beside the tensors). `complete()`
+    waits, then rank 0 adds meta.pt, renames the folder to ckpt-<step>/, links best.pt (first) and last.pt to it and
+    prunes. Any rank's failure -> CheckpointError on every rank; the previous checkpoint stays."""
+
+    def __init__(self, meta: dict, write_shards, run_dir: Path, keep_last: int, is_best: bool, d, before):
+        self.meta = deepcopy(meta)  # as it is now: an asynchronous save completes after more training
+        self.run_dir, self.keep_last, self.is_best, self.d = run_dir, keep_last, is_best, d
+        self.final = run_dir / step_name(meta["step"], sharded=True)
+        self.tmp = self.final.with_name(self.final.name + ".tmp")
+        error = None
+        if d.is_main:
+            try:
+                before()
+                _remove(self.tmp)
+                self.tmp.mkdir()
+            except OSError as exc:
+                error = self.failed(exc)
+        if error := d.gather(error)[0]:  # also the barrier: the folder exists before any rank writes into it
+            raise CheckpointError(error)
+        self.writing, self.error = None, None
         try:
-            before()
-            _remove(tmp)
-            tmp.mkdir()
-        except OSError as exc:
-            error = f"could not write checkpoint {final} ({_reason(exc)}); is the disk full? {intact}"
-    if error := d.gather(error)[0]:  # also the barrier: the folder exists before any rank writes into it
-        raise CheckpointError(error)
-    try:
-        meta = {**meta, "sharded": True, **write_shards(tmp)}  # DCP: every rank writes, then rank 0 the .metadata
-    except (OSError, RuntimeError) as exc:  # DCP re-raises any rank's write error (a full disk) on every rank
-        error = f"could not write checkpoint {final} ({_reason(exc)}); is the disk full? {intact}"
-    if d.is_main and error is None:
-        try:
-            torch.save(meta, tmp / "meta.pt")  # the folder's rename below is what makes it appear whole
-            _fsync_tree(tmp)
-            if final.exists():  # the same step saved again (a resume replayed it): swap the folders
-                os.replace(final, final.with_name(final.name + ".old.tmp"))
-                os.replace(tmp, final)
-                _remove(final.with_name(final.name + ".old.tmp"))
-            else:
-                os.replace(tmp, final)
-            _fsync_dir(run_dir)
-            _link_and_prune(final, run_dir, keep_last, is_best)
-        except CheckpointError as exc:  # a link (its message names it)
-            error = f"{exc}. {intact}"
-        except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as a RuntimeError
-            error = f"could not write checkpoint {final} ({_reason(exc)}); is the disk full? {intact}"
-    if d.is_main and error:
-        _remove(tmp)
-    if error := d.gather(error)[0]:
-        raise CheckpointError(error)
-    return final
+            self.writing = write_shards(self.tmp)  # DCP: every rank writes, then rank 0 the .metadata
+        except (OSError, RuntimeError) as exc:  # DCP re-raises any rank's write error (a full disk) on every rank
+            self.error = self.failed(exc)
+
+    def ready(self) -> bool:
+        """This rank's files are written (or failed): complete() will not wait."""
+        return self.writing is None or self.writing.done()
+
+    def failed(self, exc: BaseException) -> str:
+        return (f"could not write checkpoint {self.final} ({_reason(exc)}); is the disk full? The previous "
+                f"checkpoint is intact: {self.run_dir / 'last.pt'}")
+
+    def complete(self) -> Path:
+        error, d = self.error, self.d
+        if error is None:
+            try:
+                meta = {**self.meta, "sharded": True, **self.writing.result()}
+            except (OSError, RuntimeError) as exc:
+                error = self.failed(exc)
+        if d.is_main and error is None:
+            try:
+                self.commit(meta)
+            except CheckpointError as exc:  # a link (its message names it)
+                error = f"{exc}. The previous checkpoint is intact: {self.run_dir / 'last.pt'}"
+            except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as a RuntimeError
+                error = self.failed(exc)
+        if d.is_main and error:
+            _remove(self.tmp)
+        if error := d.gather(error)[0]:
+            raise CheckpointError(error)
+        return self.final
+
+    def commit(self, meta: dict) -> None:
+        """Rank 0: meta.pt, then the folder renamed into place (what makes it appear whole), then the links."""
+        final, tmp = self.final, self.tmp
+        torch.save(meta, tmp / "meta.pt")
+        _fsync_tree(tmp)
+        if final.exists():  # the same step saved again (a resume replayed it): swap the folders
+            old = final.with_name(final.name + ".old.tmp")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            _remove(old)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(self.run_dir)
+        _link_and_prune(final, self.run_dir, self.keep_last, self.is_best)
 
 
 def clean_stale_tmp(run_dir: Path) -> list[Path]:

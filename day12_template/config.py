@@ -159,6 +159,9 @@ class Checkpoint:
                       "own shard (torch.distributed.checkpoint), loadable at any world size | auto: sharded under "
                       "FSDP (no rank holds the whole model), else full", choices=("auto", "full", "sharded"),
                       safe=True)
+    async_save: bool = opt(False, "sharded checkpoints: copy the state, then write it in a background thread while "
+                           "training goes on (torch.distributed.checkpoint.async_save); a second save waits for the "
+                           "first", safe=True)
 
 
 @dataclass
@@ -340,6 +343,16 @@ def check_combinations(cfg: Config, world_size: int | None = None) -> None:
         raise ConfigError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
     if not cfg.run.out_dir:
         raise ConfigError("run.out_dir must name a folder")
+    if world_size and cfg.checkpoint.async_save and not sharded_checkpoints(cfg, world):  # the run's, once known
+        raise ConfigError("checkpoint.async_save writes sharded checkpoints only: set checkpoint.format=sharded "
+                          "(auto is sharded under FSDP only)")
+
+
+def sharded_checkpoints(cfg: Config, world: int) -> bool:
+    """checkpoint.format resolved: auto = sharded under FSDP (with more than one rank)."""
+    if cfg.checkpoint.format == "auto":
+        return cfg.train.strategy == "fsdp" and world > 1
+    return cfg.checkpoint.format == "sharded"
 
 
 def check_task(cfg: Config) -> None:

@@ -6,6 +6,7 @@ state dicts (parameter names as the bare model has them, on CPU), gathered on ra
 strategy and world size loads into a plain model, or into any other strategy and world size.
 """
 import contextlib
+import copy
 import ctypes
 import os
 import signal
@@ -220,6 +221,10 @@ def local_norm(norm: torch.Tensor) -> torch.Tensor:
 
 
 # -- sharded checkpoints: torch.distributed.checkpoint (DCP) -------------------------------------------------------
+# DCP warns at every save and load in one process (also from an asynchronous save's thread) that it assumes one
+# process: here that is the intent.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
+                        category=UserWarning)
 # Each rank writes only what it holds (its FSDP2 shards; under DDP or in one process DCP spreads the replicated
 # tensors over the ranks) and reads back whatever its own layout needs, so a checkpoint written by N ranks loads at
 # any world size, under any strategy, or into one process. Only tensors go through DCP; everything else is meta.pt.
@@ -261,14 +266,6 @@ def shard_reader(folder):
     return SafeReader(folder)
 
 
-@contextlib.contextmanager
-def quiet_single_process():
-    """DCP warns at every save and load in one process that it assumes one process: here that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        yield
-
-
 def crc32(path) -> int:
     value = 0
     with open(path, "rb") as f:
@@ -277,28 +274,66 @@ def crc32(path) -> int:
     return value
 
 
-def save_shards(model: nn.Module, optimizer, d: Dist, folder) -> dict:
-    """This rank's part of a sharded checkpoint into `folder` (a collective). Returns what meta.pt needs beside the
-    tensors: the optimizer's param groups (not tensors) and each file's CRC-32, every rank summing only its own file
-    (DCP does not check what it reads back; checkpoint.load does, before anything is loaded)."""
+_ASYNC_GROUPS = {}  # world size -> the gloo group asynchronous saves finish on, apart from training's collectives
+
+
+def save_shards(model: nn.Module, optimizer, d: Dist, asynchronous: bool, folder):
+    """Start this rank's part of a sharded checkpoint in `folder` (a collective); its Writing's result() is what
+    meta.pt needs beside the tensors: the optimizer's param groups (not tensors) and each file's CRC-32, every rank
+    summing only its own file (DCP does not check what it reads back; checkpoint.load does). `asynchronous`: DCP
+    copies the state first, then writes it from a background thread while training goes on."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    groups = copy.deepcopy(optim_sd["param_groups"])  # as they are now: training changes the lr meanwhile
+    state, writer = {"model": model_sd, "optimizer": optim_sd["state"]}, dcp.FileSystemWriter(folder)
+    with dcp_errors():
+        if asynchronous:
+            if d.enabled and d.world not in _ASYNC_GROUPS:
+                _ASYNC_GROUPS[d.world] = dist.new_group(backend="gloo")
+            future = dcp.async_save(state, storage_writer=writer, process_group=_ASYNC_GROUPS.get(d.world),
+                                    no_dist=not d.enabled)
+        else:
+            dcp.save(state, storage_writer=writer, no_dist=not d.enabled)
+
+    return Writing(d, folder, groups, future if asynchronous else None)
+
+
+class Writing:
+    """This rank's part of a sharded checkpoint being written: `done()` (polled each step for an asynchronous save)
+    and `result()` (a collective): what meta.pt needs beside the tensors, once the files are complete."""
+
+    def __init__(self, d: Dist, folder, groups: list, future=None):
+        self.d, self.folder, self.groups, self.future = d, Path(folder), groups, future
+
+    def done(self) -> bool:
+        return self.future is None or self.future.done()
+
+    def result(self) -> dict:
+        if self.future is not None:
+            with dcp_errors():
+                self.future.result()
+        d = self.d
+        mine = [p for p in self.folder.iterdir()
+                if p.name.startswith(f"__{d.rank}_") or d.is_main and p.name == ".metadata"]
+        checksums = {}
+        for part in d.gather({p.name: crc32(p) for p in mine}):
+            checksums.update(part)
+        return {"optimizer_groups": self.groups, "checksums": checksums}
+
+
+@contextlib.contextmanager
+def dcp_errors():
+    """DCP's CheckpointException (a BaseException: any rank's write error, raised on every rank) as an OSError."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
-        with quiet_single_process():
-            dcp.save({"model": model_sd, "optimizer": optim_sd["state"]}, storage_writer=dcp.FileSystemWriter(folder),
-                     no_dist=not d.enabled)
-    except dcp.api.CheckpointException as exc:  # a BaseException: any rank's write error, raised on every rank
+        yield
+    except CheckpointException as exc:
         rank, failure = next(iter(exc.failures.items()))
         failure = getattr(failure, "exception", failure)
         raise OSError(f"rank {rank}: {type(failure).__name__}: {str(failure).strip().splitlines()[-1]}") from None
-    mine = [p for p in Path(folder).iterdir()
-            if p.name.startswith(f"__{d.rank}_") or d.is_main and p.name == ".metadata"]
-    checksums = {}
-    for part in d.gather({p.name: crc32(p) for p in mine}):
-        checksums.update(part)
-    return {"optimizer_groups": optim_sd["param_groups"], "checksums": checksums}
 
 
 def load_shards(model: nn.Module, optimizer, ckpt: dict) -> None:
@@ -312,8 +347,7 @@ def load_shards(model: nn.Module, optimizer, ckpt: dict) -> None:
     else:
         model_sd, optim_sd = sd.get_state_dict(model, optimizer)  # templates: the shapes and shards to fill
         state = {"model": model_sd, "optimizer": optim_sd["state"]}
-    with quiet_single_process():
-        dcp.load(state, storage_reader=shard_reader(ckpt["path"]), no_dist=not dist.is_initialized())
+    dcp.load(state, storage_reader=shard_reader(ckpt["path"]), no_dist=not dist.is_initialized())
     sd.set_model_state_dict(model, state["model"])
     if optimizer is not None:
         sd.set_optimizer_state_dict(model, optimizer, {"state": state["optimizer"],

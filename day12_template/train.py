@@ -264,20 +264,29 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         hook.attach(model, module, progress)
     prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
 
-    sharded = cfg.checkpoint.format == "sharded"
-    if cfg.checkpoint.format == "auto":
-        sharded = tc.strategy == "fsdp" and d.enabled
+    sharded, writing = config.sharded_checkpoints(cfg, d.world), []  # writing: an asynchronous save under way
+
+    def saved() -> None:
+        """Complete the save under way, if any (every rank): its files written, renamed into place and linked."""
+        while writing:
+            writing.pop().complete()
 
     def save(is_best: bool = False) -> None:
         """Every rank takes part. Full: rank 0 gathers plain state dicts (names, no prefixes) and writes one file.
-        Sharded: every rank writes its own shard of model and optimizer; rank 0 writes the rest beside them."""
+        Sharded: every rank writes its own shard of model and optimizer; rank 0 writes the rest beside them; with
+        checkpoint.async_save the writing goes on in the background; the first step at which every rank's files are
+        written (or the next save, or the end) completes it."""
         meta = {"format": checkpoint.FORMAT, **dataclasses.asdict(progress), "config": config.to_dict(cfg),
                 "world_size": d.world, "info": {"task": task.name, **dataclasses.asdict(splits.info)},
                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "sampler": sampler.state_dict(),
                 "rng": d.gather(checkpoint.rng_state(device)), "rank_steps": d.gather(progress.step)}
         if sharded:  # log.flush: the logs reach the disk before the checkpoint that vouches for them
-            shards = functools.partial(distributed.save_shards, model, optimizer, d)
-            checkpoint.save_sharded(meta, shards, run_dir, cfg.checkpoint.keep_last, is_best, d, before=log.flush)
+            saved()  # a second save waits for the first
+            shards = functools.partial(distributed.save_shards, model, optimizer, d, cfg.checkpoint.async_save)
+            writing.append(checkpoint.ShardedSave(meta, shards, run_dir, cfg.checkpoint.keep_last, is_best, d,
+                                                  before=log.flush))
+            if not cfg.checkpoint.async_save:
+                saved()
             return
         payload = {**meta, "model": distributed.model_state(model, d),
                    "optimizer": distributed.optimizer_state(model, optimizer, d)}
@@ -307,10 +316,14 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                                          cfg.model.channels_last)
             scaler.unscale_(optimizer)  # true gradients first, so the clip threshold means what it says
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
-            # The one host sync per step: loss, gradient norm and "a signal arrived", summed over the ranks.
+            # The one host sync per step: loss, gradient norm, "a signal arrived" and "my asynchronous save's files
+            # are written", summed over the ranks.
             flags = torch.stack([step_loss, distributed.local_norm(norm).float(),
-                                 torch.tensor(float(stop.signum > 0), device=device)])
-            loss_sum, norm_sum, signals = d.all_reduce(flags).tolist()
+                                 torch.tensor(float(stop.signum > 0), device=device),
+                                 torch.tensor(float(any(w.ready() for w in writing)), device=device)])
+            loss_sum, norm_sum, signals, ready = d.all_reduce(flags).tolist()
+            if ready == d.world:  # every rank's shard is on disk: rename and link it now, not at the next save
+                saved()
             step_loss, grad_norm = loss_sum / d.world, norm_sum / d.world
             if not math.isfinite(step_loss) or not (scaler.is_enabled() or math.isfinite(grad_norm)):
                 raise nonfinite_error(progress.step + 1, period, step_loss, grad_norm, model,
@@ -333,6 +346,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                 progress.window = [0.0, 0]
             if signals:  # every rank sees the same sum: all stop after this same step
                 save()
+                saved()
                 d.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
                 raise stopped(stop.name(), progress.step)
             if progress.step >= last_step:
@@ -361,6 +375,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             log.say(f"early stop: no better validation loss for {tc.early_stop_patience} evaluations")
 
     # 5. The test split, touched once: best.pt's weights, read back from disk (the last weights if no file holds them).
+    saved()
     best_step = progress.best["step"]
     if best := checkpoint.load_best(run_dir, best_step, resume):
         restore(model, None, best, d)

@@ -102,6 +102,12 @@ def day11_stage(name: str, field: str):
     return (stages[0] if name == "naive" else stages[-1])[field]
 
 
+def day12_fsdp_share(ranks: int) -> float:
+    """d12/zero.json: FSDP2's parameter + gradient + AdamW bytes per rank over DDP's, at `ranks` ranks."""
+    state = {(r["strategy"], r["ranks"]): r["state"] for r in read("d12/zero.json")["rows"]}
+    return state["fsdp", ranks] / state["ddp", ranks]
+
+
 def day12_nanogpt() -> tuple[float, float]:
     """d12/nanogpt.json: (the template's tokens/s over nanoGPT's, the tuned run's time to nanoGPT's final val loss over
     nanoGPT's own)."""
@@ -258,13 +264,16 @@ def days_table() -> str:
          "{calc:day11_acc_naive|.2%} → {calc:day11_acc_opt|.2%}"],
         [12, "the reusable training template: `train.py` + task/config/data/models/checkpoint/distributed modules; "
          "image classifiers and a GPT (KV-cache sampling), 8 configs",
-         "TOML dataclass config + `--set`, `torchrun` DDP / FSDP2 (`fully_shard`), atomic checkpoints, `GradScaler`, "
-         "`scaled_dot_product_attention`, `torch.profiler`",
-         "MNIST config > 98%; SIGKILL/SIGTERM + resume bitwise for both tasks; DDP 2×B = 1×2B; FSDP2 = DDP; bad config "
-         "→ exit 2, nothing written",
+         "TOML dataclass config + `--set`, `torchrun` DDP / FSDP2 (`fully_shard`, `MixedPrecisionPolicy`), atomic and "
+         "sharded (`torch.distributed.checkpoint`) checkpoints, `GradScaler`, `scaled_dot_product_attention`, "
+         "`torch.profiler`",
+         "MNIST config > 98%; SIGKILL/SIGTERM + resume bitwise for both tasks; DDP 2×B = 1×2B; FSDP2 = DDP; a killed "
+         "worker restarted by torchrun (2 nodes on loopback) bitwise; no orphan after `kill -9` on torchrun; one "
+         "writer per run folder; bad config → exit 2, nothing written",
          "MNIST config {calc:day12_mnist_acc|.2%}; the GPT {calc:day12_gpt_val|.3f} nats/char on held-out works; "
          "nanoGPT's final loss in {calc:day12_nanogpt_time|.2f}× its time; loop overhead "
-         "{d12/bench.json:overhead.wall.overhead|+.1%}"],
+         "{d12/bench.json:overhead.wall.overhead|+.1%}; FSDP2 state per rank at 4 ranks "
+         "{calc:day12_fsdp4_share|.3f} of DDP's"],
     ]
     return table(["day", "folder", "deliverable", "key APIs", "gate", "measured"],
                  [[str(day), link(day), *cells] for day, *cells in rows])
@@ -866,6 +875,7 @@ CALCS.update({
     "day12_gpt_val": lambda: day12_config("shakespeare_cpu", "val_loss"),
     "day12_nanogpt_speed": lambda: day12_nanogpt()[0],
     "day12_nanogpt_time": lambda: day12_nanogpt()[1],
+    "day12_fsdp4_share": lambda: day12_fsdp_share(4),
 })
 
 BLOCKS.update({
