@@ -1,16 +1,17 @@
 """Checkpoint files: atomic writes, last/best links that cannot go stale, loads that fail loudly.
 
 A run folder holds `ckpt-<step>.pt` files (the newest `keep_last`), `last.pt` (the newest) and `best.pt` (lowest
-validation loss); the two names are hard links to step files, so naming costs no second write. A *sharded*
-checkpoint (checkpoint.format, the default under FSDP) is a folder `ckpt-<step>/` instead: every rank writes its own
-shard of the model and AdamW state through torch.distributed.checkpoint (DCP), rank 0 adds `meta.pt` (everything
-else), and `last.pt` / `best.pt` are symbolic links to the folder; the same order and the same promises hold, with a
-folder written as `ckpt-<step>.tmp/` and renamed into place. Save order:
+validation loss); the two names are hard links to step files, so naming costs no second write. Save order:
 write `ckpt-N.pt` atomically -> link `best.pt` (if N is the best) -> link `last.pt` -> prune old files. A kill
 anywhere leaves `last.pt` complete; `best.pt` can at worst be *ahead* of `last.pt` (a resume replays the same steps
 and re-links it). Every checkpoint also records which step is the best, and `repair_best` re-links `best.pt` from
 that record on resume, so even a folder left inconsistent by other code heals. A resume into another folder copies
 the best checkpoint from the folder it resumes from; if no file holds it any more, the final test uses the last weights.
+
+A *sharded* checkpoint (checkpoint.format, the default under FSDP) is a folder `ckpt-<step>/` instead: every rank
+writes its own shard of the model and AdamW state through torch.distributed.checkpoint (DCP), rank 0 adds `meta.pt`
+(everything else, and a CRC-32 of each file), and `last.pt` / `best.pt` are symbolic links to the folder. The same
+order and the same promises hold: the folder is written as `ckpt-<step>.tmp/` and renamed into place.
 """
 import os
 import random

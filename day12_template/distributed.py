@@ -221,13 +221,15 @@ def local_norm(norm: torch.Tensor) -> torch.Tensor:
 
 
 # -- sharded checkpoints: torch.distributed.checkpoint (DCP) -------------------------------------------------------
+# Each rank writes only what it holds (its FSDP2 shards; under DDP or in one process DCP spreads the replicated
+# tensors over the ranks) and reads back whatever its own layout needs, so a checkpoint written by N ranks loads at
+# any world size, under any strategy, or into one process. Only tensors go through DCP; everything else is meta.pt.
 # DCP warns at every save and load in one process (also from an asynchronous save's thread) that it assumes one
 # process: here that is the intent.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
                         category=UserWarning)
-# Each rank writes only what it holds (its FSDP2 shards; under DDP or in one process DCP spreads the replicated
-# tensors over the ranks) and reads back whatever its own layout needs, so a checkpoint written by N ranks loads at
-# any world size, under any strategy, or into one process. Only tensors go through DCP; everything else is meta.pt.
+
+
 def _metadata_class(module: str, name: str) -> bool:
     """The globals a DCP .metadata pickle may name: DCP's own record classes, torch.Size, dtypes, a layout, a path."""
     from torch.distributed.checkpoint import metadata
@@ -287,7 +289,7 @@ def save_shards(model: nn.Module, optimizer, d: Dist, asynchronous: bool, folder
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     groups = copy.deepcopy(optim_sd["param_groups"])  # as they are now: training changes the lr meanwhile
-    state, writer = {"model": model_sd, "optimizer": optim_sd["state"]}, dcp.FileSystemWriter(folder)
+    state, writer, future = {"model": model_sd, "optimizer": optim_sd["state"]}, dcp.FileSystemWriter(folder), None
     with dcp_errors():
         if asynchronous:
             if d.enabled and d.world not in _ASYNC_GROUPS:
@@ -296,8 +298,7 @@ def save_shards(model: nn.Module, optimizer, d: Dist, asynchronous: bool, folder
                                     no_dist=not d.enabled)
         else:
             dcp.save(state, storage_writer=writer, no_dist=not d.enabled)
-
-    return Writing(d, folder, groups, future if asynchronous else None)
+    return Writing(d, folder, groups, future)
 
 
 class Writing:
