@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 HERE = Path(__file__).resolve().parent
@@ -829,16 +830,19 @@ def test_corrupt_truncated_foreign_and_hostile_sharded_checkpoints_fail_with_one
     shard = (good / "__0_0.distcp").read_bytes()
     flipped = bytearray(shard)
     flipped[len(shard) // 2] ^= 0xFF  # inside a tensor: DCP alone would load it
+    index = distributed.shard_reader(good).read_metadata()
+    index.state_dict_metadata["model.extra"] = BytesStorageMetadata()  # DCP would torch.load it, weights_only=False
     breaks = {"corrupted": ("__0_0.distcp", bytes(flipped)), "corrupted ": ("__0_0.distcp", shard[: len(shard) // 3]),
               "not a checkpoint of this template": ("meta.pt", None),
-              "not part of a checkpoint index": (".metadata", pickle.dumps(Gadget()))}
+              "not part of a checkpoint index": (".metadata", pickle.dumps(Gadget())),
+              "non-tensor entry": (".metadata", pickle.dumps(index))}
     caught = 0
     for word, (name, content) in breaks.items():
         bad = shutil.copytree(good, tmp_path / f"bad-{len(word)}")
         (bad / name).unlink()
         if content is not None:
             (bad / name).write_bytes(content)
-        if name == ".metadata":  # the checksum made to match, as a forger would
+        if name == ".metadata":  # the checksum made to match, as a forger would (meta.pt is in the folder too)
             meta = torch.load(bad / "meta.pt", weights_only=True)
             meta["checksums"][".metadata"] = distributed.crc32(bad / name)
             torch.save(meta, bad / "meta.pt")
@@ -846,8 +850,31 @@ def test_corrupt_truncated_foreign_and_hostile_sharded_checkpoints_fail_with_one
                                            "checkpoint.resume": str(bad)})])
         err = capsys.readouterr().err
         caught += code == 1 and word.strip() in err and str(bad) in err
-    gates.check("sharded checkpoints with a flipped byte, a truncated shard, no meta.pt, a hostile index: refused "
-                "with a message naming the folder", caught, "==", 4)
+    gates.check("sharded checkpoints with a flipped byte, a truncated shard, no meta.pt, an index naming os.system, "
+                "an index with a non-tensor entry: refused with a message naming the folder", caught, "==", 5)
+
+
+class LastLinkProbe(train.Hook):
+    """Counts the optimizer steps after which run_dir/last.pt does not lead to a checkpoint."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.dangling = run_dir, []
+
+    def step(self, progress) -> None:
+        if checkpoint.step_of(self.run_dir / "last.pt") is None:
+            self.dangling.append(progress.step)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_resume_from_an_older_checkpoint_into_its_own_folder_never_leaves_last_pt_dangling(fmt, tmp_path):
+    run_dir, values = tmp_path / "run", {**TINY, **FORMATS[fmt], "checkpoint.every_steps": 1, "checkpoint.keep_last": 4}
+    train.run(cfg_of({**values, "train.max_steps": 12}, run_dir))  # keeps steps 9-12; best.pt: step 12
+    older, probe = checkpoint.step_files(run_dir, 10)[0], LastLinkProbe(run_dir)
+    train.run(cfg_of({**values, "checkpoint.resume": str(older), "checkpoint.keep_last": 1, "train.max_steps": 14},
+                     run_dir), [probe])  # steps 11-14 saved again beside the older run's 11 and 12, best.pt on 12
+    gates.check(f"{fmt}: resumed at step 10 in its own folder (keep_last 1): steps after which last.pt led nowhere",
+                probe.dangling, "==", [])
+    gates.check(f"{fmt}: ... last.pt's step at the end", checkpoint.load(run_dir / "last.pt")["step"], "==", 14)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

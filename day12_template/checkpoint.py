@@ -11,7 +11,8 @@ the best checkpoint from the folder it resumes from; if no file holds it any mor
 A *sharded* checkpoint (checkpoint.format, the default under FSDP) is a folder `ckpt-<step>/` instead: every rank
 writes its own shard of the model and AdamW state through torch.distributed.checkpoint (DCP), rank 0 adds `meta.pt`
 (everything else, and a CRC-32 of each file), and `last.pt` / `best.pt` are symbolic links to the folder. The same
-order and the same promises hold: the folder is written as `ckpt-<step>.tmp/` and renamed into place.
+order and the same promises hold: the folder is written as `ckpt-<step>.tmp/` and renamed into place (a step saved
+again after a resume as `ckpt-<step>.<n>/`: a folder a link points to is never replaced, nor pruned).
 """
 import os
 import random
@@ -92,6 +93,8 @@ def link(src: Path, dst: Path) -> None:
     tmp = dst.with_name(dst.name + ".tmp")
     tmp.unlink(missing_ok=True)
     try:
+        if dst.is_dir() and not dst.is_symlink():  # a copy of the folder (`cp -rL`): a link replaces it
+            shutil.rmtree(dst)
         if src.is_dir():
             os.symlink(os.path.relpath(src, dst.parent), tmp)
         else:
@@ -143,19 +146,28 @@ def step_name(step: int, sharded: bool) -> str:
     return f"ckpt-{step:08d}" if sharded else f"ckpt-{step:08d}.pt"
 
 
-def step_files(run_dir: Path) -> list[Path]:
-    """ckpt-<step>.pt files and ckpt-<step>/ folders, oldest first (a run may switch format on resume)."""
-    steps = {p: re.fullmatch(r"ckpt-(\d{8})(\.pt)?", p.name) for p in run_dir.glob("ckpt-*")}
-    return sorted((p for p, match in steps.items() if match), key=lambda p: int(steps[p].group(1)))
+STEP_FILE = re.compile(r"ckpt-(\d{8})(\.pt|\.(\d+))?")  # ckpt-<step>.pt, ckpt-<step>/ or ckpt-<step>.<n>/ (saved again)
+
+
+def _order(path: Path) -> tuple[int, int]:
+    match = STEP_FILE.fullmatch(path.name)
+    return int(match.group(1)), int(match.group(3) or 0)
+
+
+def step_files(run_dir: Path, step: int | None = None) -> list[Path]:
+    """ckpt-<step>.pt files and ckpt-<step>[.<n>]/ folders (of `step`, if given), oldest first (a run may switch
+    format on resume, and save a step again after a resume)."""
+    found = sorted((p for p in Path(run_dir).glob("ckpt-*") if STEP_FILE.fullmatch(p.name)), key=_order)
+    return [p for p in found if step is None or _order(p)[0] == step]
 
 
 def _link_and_prune(path: Path, run_dir: Path, keep_last: int, is_best: bool) -> Path:
     if is_best:
         link(path, run_dir / "best.pt")
     link(path, run_dir / "last.pt")
-    best = (run_dir / "best.pt").resolve()
+    linked = {(run_dir / name).resolve() for name in ("best.pt", "last.pt")}
     for old in step_files(run_dir)[:-keep_last]:
-        if not (old.is_dir() and old.resolve() == best):  # a folder best.pt links to stays (a file's bytes do)
+        if not (old.is_dir() and old.resolve() in linked):  # a folder a link points to stays (a file's bytes do)
             _remove(old)
     return path
 
@@ -178,6 +190,8 @@ class ShardedSave:
         self.meta = deepcopy(meta)  # as it is now: an asynchronous save completes after more training
         self.run_dir, self.keep_last, self.is_best, self.d = run_dir, keep_last, is_best, d
         self.final = run_dir / step_name(meta["step"], sharded=True)
+        if self.final.exists():  # the step saved again (a resume replayed it): a new name, the old one stays linked
+            self.final = self.final.with_name(f"{self.final.name}.{len(step_files(run_dir, meta['step']))}")
         self.tmp = self.final.with_name(self.final.name + ".tmp")
         error = None
         if d.is_main:
@@ -199,9 +213,12 @@ class ShardedSave:
         """This rank's files are written (or failed): complete() will not wait."""
         return self.writing is None or self.writing.done()
 
+    def intact(self) -> str:
+        last = self.run_dir / "last.pt"
+        return f"The previous checkpoint is intact: {last}" if last.exists() else "No earlier checkpoint was written."
+
     def failed(self, exc: BaseException) -> str:
-        return (f"could not write checkpoint {self.final} ({_reason(exc)}); is the disk full? The previous "
-                f"checkpoint is intact: {self.run_dir / 'last.pt'}")
+        return f"could not write checkpoint {self.final} ({_reason(exc)}); is the disk full? {self.intact()}"
 
     def complete(self) -> Path:
         error, d = self.error, self.d
@@ -214,7 +231,7 @@ class ShardedSave:
             try:
                 self.commit(meta)
             except CheckpointError as exc:  # a link (its message names it)
-                error = f"{exc}. The previous checkpoint is intact: {self.run_dir / 'last.pt'}"
+                error = f"{exc}. {self.intact()}"
             except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as a RuntimeError
                 error = self.failed(exc)
         if d.is_main and error:
@@ -228,13 +245,7 @@ class ShardedSave:
         final, tmp = self.final, self.tmp
         torch.save(meta, tmp / "meta.pt")
         _fsync_tree(tmp)
-        if final.exists():  # the same step saved again (a resume replayed it): swap the folders
-            old = final.with_name(final.name + ".old.tmp")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            _remove(old)
-        else:
-            os.replace(tmp, final)
+        os.replace(tmp, final)
         _fsync_dir(self.run_dir)
         _link_and_prune(final, self.run_dir, self.keep_last, self.is_best)
 
@@ -297,10 +308,10 @@ def step_of(path: Path) -> int | None:
 def holding(step: int, run_dir: Path, source: Path | None = None) -> Path | None:
     """The first file holding `step`: this folder's best.pt or ckpt-<step>.pt, else (resumed from another folder)
     the checkpoint resumed from, or its folder's best.pt or ckpt-<step>.pt. None: no file holds it any more."""
-    names = ("best.pt", step_name(step, sharded=False), step_name(step, sharded=True))
-    places = [run_dir / n for n in names]
+    places = [Path(run_dir) / "best.pt", *step_files(run_dir, step)[::-1]]
     if source is not None and Path(source).parent.resolve() != Path(run_dir).resolve():
-        places += [Path(source)] + [Path(source).parent / n for n in names]
+        folder = Path(source).parent
+        places += [Path(source), folder / "best.pt", *step_files(folder, step)[::-1]]
     return next((p for p in places if step_of(p) == step), None)
 
 
@@ -338,6 +349,14 @@ def load_best(run_dir: Path, step: int | None, source: Path | None = None) -> di
     return best
 
 
+def load_sharded(model: torch.nn.Module, optimizer, ckpt: dict) -> None:
+    """distributed.load_shards, its failures (a shard that does not fit, an unreadable file) as CheckpointError."""
+    try:
+        distributed.load_shards(model, optimizer, ckpt)
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {ckpt['path']} cannot be loaded into this run: {_reason(exc)}") from None
+
+
 def strip_prefixes(state: dict) -> dict:
     """Keys as a plain model names them: drops the `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes."""
     out = {}
@@ -365,12 +384,12 @@ def resume_source(cfg: config.Config) -> tuple[Path | None, dict | None]:
     existing one, a missing file, and a checkpoint whose config differs in fields that are not safe to change."""
     want, last = cfg.checkpoint.resume, Path(cfg.run.out_dir) / "last.pt"
     if want == "auto":
-        path = last if last.exists() else None
+        path = last if last.exists() or last.is_symlink() else None  # a dangling link: refused when loaded
     elif want:
         if not Path(want).exists():
             raise config.ConfigError(f"checkpoint.resume: {want} does not exist")
         path = Path(want)
-    elif last.exists():
+    elif last.exists() or last.is_symlink():
         raise config.ConfigError(f"run.out_dir {cfg.run.out_dir} already holds a run (last.pt): continue it with "
                                  f"--set checkpoint.resume=auto, or choose another run.out_dir")
     else:
@@ -389,7 +408,7 @@ def load_weights(model: torch.nn.Module, path) -> None:
     if ckpt.get("sharded"):
         index = distributed.shard_reader(ckpt["path"]).read_metadata().state_dict_metadata
         check_fits(model, {k[len("model."):]: tuple(v.size) for k, v in index.items() if k.startswith("model.")}, path)
-        distributed.load_shards(model, None, ckpt)
+        load_sharded(model, None, ckpt)
         return
     weights = strip_prefixes(ckpt["model"])
     check_fits(model, {k: tuple(v.shape) for k, v in weights.items()}, path)

@@ -29,7 +29,7 @@ def full_checkpoint(source: Path) -> dict:
     cfg = config.from_dict(ckpt["config"])
     model = models.build(cfg.model, data.info_from(ckpt["info"]))
     optimizer = train.build_optimizer(model, cfg.optim)
-    distributed.load_shards(model, optimizer, ckpt)
+    checkpoint.load_sharded(model, optimizer, ckpt)
     one = distributed.Dist()  # this process alone: the plain state dicts of a single-process run
     full = {k: v for k, v in ckpt.items() if k not in ("sharded", "path", "optimizer_groups", "checksums")}
     full.update(model=distributed.model_state(model, one), optimizer=distributed.optimizer_state(model, optimizer, one))

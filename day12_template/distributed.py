@@ -249,7 +249,7 @@ def shard_reader(folder):
     import pickle
 
     from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
     class MetadataOnly(pickle.Unpickler):
         def find_class(self, module, name):
@@ -261,6 +261,11 @@ def shard_reader(folder):
         def read_metadata(self, *args, **kwargs):
             with open(os.path.join(self.path, ".metadata"), "rb") as f:
                 index = MetadataOnly(f).load()
+            others = [key for key, entry in index.state_dict_metadata.items()
+                      if not isinstance(entry, TensorStorageMetadata)]
+            if others:  # DCP would read such an entry with torch.load(weights_only=False)
+                raise pickle.UnpicklingError(f"the index holds a non-tensor entry ({others[0]}): not written by "
+                                             f"this template")
             index.storage_meta = index.storage_meta or StorageMeta()
             index.storage_meta.load_id = self.load_id
             return index
@@ -279,6 +284,14 @@ def crc32(path) -> int:
 _ASYNC_GROUPS = {}  # world size -> the gloo group asynchronous saves finish on, apart from training's collectives
 
 
+def async_group(d: Dist):
+    """The process group asynchronous saves finish on (None in one process). Made at start-up, by every rank:
+    making it later needs torchrun's store, which is gone once torchrun is killed."""
+    if d.enabled and d.world not in _ASYNC_GROUPS:
+        _ASYNC_GROUPS[d.world] = dist.new_group(backend="gloo")
+    return _ASYNC_GROUPS.get(d.world)
+
+
 def save_shards(model: nn.Module, optimizer, d: Dist, asynchronous: bool, folder):
     """Start this rank's part of a sharded checkpoint in `folder` (a collective); its Writing's result() is what
     meta.pt needs beside the tensors: the optimizer's param groups (not tensors) and each file's CRC-32, every rank
@@ -292,10 +305,7 @@ def save_shards(model: nn.Module, optimizer, d: Dist, asynchronous: bool, folder
     state, writer, future = {"model": model_sd, "optimizer": optim_sd["state"]}, dcp.FileSystemWriter(folder), None
     with dcp_errors():
         if asynchronous:
-            if d.enabled and d.world not in _ASYNC_GROUPS:
-                _ASYNC_GROUPS[d.world] = dist.new_group(backend="gloo")
-            future = dcp.async_save(state, storage_writer=writer, process_group=_ASYNC_GROUPS.get(d.world),
-                                    no_dist=not d.enabled)
+            future = dcp.async_save(state, storage_writer=writer, process_group=async_group(d), no_dist=not d.enabled)
         else:
             dcp.save(state, storage_writer=writer, no_dist=not d.enabled)
     return Writing(d, folder, groups, future)
@@ -312,15 +322,20 @@ class Writing:
         return self.future is None or self.future.done()
 
     def result(self) -> dict:
-        if self.future is not None:
-            with dcp_errors():
-                self.future.result()
-        d = self.d
-        mine = [p for p in self.folder.iterdir()
-                if p.name.startswith(f"__{d.rank}_") or d.is_main and p.name == ".metadata"]
-        checksums = {}
-        for part in d.gather({p.name: crc32(p) for p in mine}):
-            checksums.update(part)
+        """Every rank: its files' CRC-32s, or its error, gathered (one collective, which every rank reaches)."""
+        d, error, sums = self.d, None, {}
+        try:
+            if self.future is not None:
+                with dcp_errors():
+                    self.future.result()
+            sums = {p.name: crc32(p) for p in self.folder.iterdir()
+                    if p.name.startswith(f"__{d.rank}_") or d.is_main and p.name == ".metadata"}
+        except OSError as exc:
+            error = str(exc)
+        parts = d.gather({"error": error, "sums": sums})
+        if errors := [part["error"] for part in parts if part["error"]]:
+            raise OSError(errors[0])
+        checksums = {name: crc for part in parts for name, crc in part["sums"].items()}
         return {"optimizer_groups": self.groups, "checksums": checksums}
 
 
@@ -348,7 +363,8 @@ def load_shards(model: nn.Module, optimizer, ckpt: dict) -> None:
     else:
         model_sd, optim_sd = sd.get_state_dict(model, optimizer)  # templates: the shapes and shards to fill
         state = {"model": model_sd, "optimizer": optim_sd["state"]}
-    dcp.load(state, storage_reader=shard_reader(ckpt["path"]), no_dist=not dist.is_initialized())
+    with dcp_errors():
+        dcp.load(state, storage_reader=shard_reader(ckpt["path"]), no_dist=not dist.is_initialized())
     sd.set_model_state_dict(model, state["model"])
     if optimizer is not None:
         sd.set_optimizer_state_dict(model, optimizer, {"state": state["optimizer"],

@@ -162,7 +162,7 @@ def run(cfg: config.Config, hooks: list[Hook] = ()) -> dict:
 def restore(model, optimizer, ckpt: dict, d: distributed.Dist) -> None:
     """A checkpoint's model and (unless None) optimizer state, in either format, into this run's layout."""
     if ckpt.get("sharded"):
-        distributed.load_shards(model, optimizer, ckpt)
+        checkpoint.load_sharded(model, optimizer, ckpt)
         return
     distributed.load_model_state(model, ckpt["model"], d)
     if optimizer is not None:
@@ -177,6 +177,8 @@ def on_rank0(d: distributed.Dist, claim, run_dir: Path):
             result = claim(run_dir)
         except runlock.Busy as exc:
             error = str(exc)
+        except OSError as exc:  # e.g. run.lock is a folder, or the folder is not writable
+            error = f"run.out_dir {run_dir}: cannot take its lock {run_dir / runlock.NAME} ({exc.strerror or exc})"
     if error := d.gather(error)[0]:
         raise config.ConfigError(error)
     return result
@@ -265,6 +267,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
 
     sharded, writing = config.sharded_checkpoints(cfg, d.world), []  # writing: an asynchronous save under way
+    if cfg.checkpoint.async_save:
+        distributed.async_group(d)
 
     def saved() -> None:
         """Complete the save under way, if any (every rank): its files written, renamed into place and linked."""
