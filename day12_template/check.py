@@ -831,7 +831,7 @@ def test_corrupt_truncated_foreign_and_hostile_sharded_checkpoints_fail_with_one
     flipped = bytearray(shard)
     flipped[len(shard) // 2] ^= 0xFF  # inside a tensor: DCP alone would load it
     index = distributed.shard_reader(good).read_metadata()
-    index.state_dict_metadata["model.extra"] = BytesStorageMetadata()  # DCP would torch.load it, weights_only=False
+    index.state_dict_metadata["model.extra"] = BytesStorageMetadata()  # DCP would unpickle it without restriction
     breaks = {"corrupted": ("__0_0.distcp", bytes(flipped)), "corrupted ": ("__0_0.distcp", shard[: len(shard) // 3]),
               "not a checkpoint of this template": ("meta.pt", None),
               "not part of a checkpoint index": (".metadata", pickle.dumps(Gadget())),

@@ -263,7 +263,7 @@ def shard_reader(folder):
                 index = MetadataOnly(f).load()
             others = [key for key, entry in index.state_dict_metadata.items()
                       if not isinstance(entry, TensorStorageMetadata)]
-            if others:  # DCP would read such an entry with torch.load(weights_only=False)
+            if others:  # DCP would unpickle such an entry without any restriction
                 raise pickle.UnpicklingError(f"the index holds a non-tensor entry ({others[0]}): not written by "
                                              f"this template")
             index.storage_meta = index.storage_meta or StorageMeta()
