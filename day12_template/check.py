@@ -1408,7 +1408,7 @@ def launchers(nodes: int, name: str) -> list[list[str]]:
     """torchrun command lines for 2 ranks with `--max-restarts=1`: one `--standalone` launcher, or 2 "nodes" of one
     rank each on this machine meeting through the c10d rendezvous, as the README's SLURM script has them."""
     if nodes == 1:
-        return [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]]
+        return [[*TORCHRUN, "--max-restarts=1"]]
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
             f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={name}", "--max-restarts=1"]
     return [node, node]
