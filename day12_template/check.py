@@ -587,6 +587,12 @@ VARIANTS = {"fp32": TINY, "grad_accum=4 + bf16": {**TINY, "train.grad_accum": 4,
             "sharded, async_save": {**TINY, **FORMATS["sharded"], "checkpoint.async_save": True}}
 
 
+def checkpointed_and_reached(run_dir: Path, step: int):
+    """The run logged `step` and last.pt exists (an asynchronous save links it only once its files are written)."""
+    logged = reached(run_dir, step)
+    return lambda: logged() and (run_dir / "last.pt").exists()
+
+
 def mid_epoch_kill_step(rng: random.Random) -> int:
     """A random step after the first checkpoint (step 3) and at least 4 steps before an epoch's end (epochs have 16
     steps), so the checkpoint resumed from is a mid-epoch one even if the kill lands a few steps late."""
@@ -606,7 +612,7 @@ def sigkilled(tmp_path_factory):
         env = child_env(TEMPLATE_FAULTS="step_sleep=0.05")
         jobs[name] = (values, kill, run_dir, threading.Thread(target=lambda c=cmd, e=env, r=run_dir, k=kill, n=name:
                                                                results.__setitem__(n, launch(c, env=e,
-                                                                                             kill_when=reached(r, k)))))
+                                                                                             kill_when=checkpointed_and_reached(r, k)))))
         jobs[name][3].start()
     out = {}
     for name, (values, kill, run_dir, thread) in jobs.items():
