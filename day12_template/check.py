@@ -1102,22 +1102,25 @@ DIST_LM = {**TINY_LM, "train.batch_size": 64}  # 32 steps, evaluated every 16
 BN_DIST = {**DIST, "model.name": "resnet", "model.resnet.widths": [4, 8], "train.epochs": 1, "train.max_steps": 6}
 
 
-def torchrun(plan: list, tmp: Path, name: str, kill_when=None):
+def torchrun(plan: list, tmp: Path, name: str, kill_when=None, ranks: int = 2):
     (tmp / f"{name}.json").write_text(json.dumps(plan))
-    return launch([*TORCHRUN, str(Path(__file__).resolve()), "--dist-driver", str(tmp / f"{name}.json")],
+    launcher = [*TORCHRUN[:-1], f"--nproc_per_node={ranks}"]
+    return launch([*launcher, str(Path(__file__).resolve()), "--dist-driver", str(tmp / f"{name}.json")],
                   env=child_env(OMP_NUM_THREADS="1"), kill_when=kill_when, sig=signal.SIGTERM, group=False)
 
 
 @pytest.fixture(scope="module")
 def dist_runs(tmp_path_factory):
     """Launch 1: E (DDP, no dropout, grad_accum=2), A (DDP), F (FSDP, stopped by max_steps), EL, AL and FL (the
-    same three for the GPT, FL not stopped), FM and DM (the GPT in bf16 under FSDP and DDP, 12 steps), S (DDP,
-    SIGTERM to torchrun at a random step). Launch 2: S resumed under
-    DDP, F and G (a single-process run) resumed under FSDP, B (a BatchNorm ResNet under DDP).
+    same three for the GPT, FL not stopped), FE (EL under FSDP, stopped at step 12), the GPT built under FSDP and
+    DDP (its peak measured), FM and DM (the GPT in bf16 under FSDP and DDP, 12 steps), S (DDP, SIGTERM to torchrun
+    at a random step). Launch 2: S resumed under
+    DDP, F and G (a single-process run) resumed under FSDP, B (a BatchNorm ResNet under DDP), FI (FSDP
+    initialised from E1's weights).
     Meanwhile, in this process: E's and EL's single-process twins with the same global batch, G, and S's and F's
     checkpoints resumed in a single process."""
     tmp, rng = tmp_path_factory.mktemp("dist"), random.Random()
-    dirs = {k: tmp / k for k in "E A F S E1 S1 F1 G B EL AL FL EL1 FM DM FD".split()}
+    dirs = {k: tmp / k for k in "E A F S E1 S1 F1 G B EL AL FL EL1 FM DM FD FE FI".split()}
     audit = tmp / "audit"
     audit.mkdir()
     e_vals, el_vals = {**DIST, "model.mlp.dropout": 0.0}, {**DIST_LM, "model.gpt.dropout": 0.0}
@@ -1127,12 +1130,15 @@ def dist_runs(tmp_path_factory):
              {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["A"])}),
               "state": str(audit / "state-A")},
              {"set": sets({**DIST, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["F"])}),
-              "state": str(audit / "state-F")},
+              "state": str(audit / "state-F"), "init": str(audit / "init-F.pt")},
              {"set": sets({**el_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["EL"])})},
              {"set": sets({**DIST_LM, "train.strategy": "ddp", "run.out_dir": str(dirs["AL"])}),
               "state": str(audit / "state-AL")},
              {"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs["FL"])}),
-              "state": str(audit / "state-FL")},
+              "state": str(audit / "state-FL"), "init": str(audit / "init-FL.pt")},
+             {"set": sets({**el_vals, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["FE"])})},
+             *({"set": sets({**DIST_LM, "train.strategy": strategy}), "build": str(audit / f"build-{strategy}")}
+               for strategy in ("fsdp", "ddp")),
              {"set": sets({**mixed, "train.strategy": "fsdp", "run.out_dir": str(dirs["FM"])}),
               "dtypes": str(tmp / "dtypes.json")},
              {"set": sets({**mixed, "train.strategy": "ddp", "run.out_dir": str(dirs["DM"])})},
@@ -1151,6 +1157,7 @@ def dist_runs(tmp_path_factory):
         shutil.copytree(dirs[k], dirs[f"{k}1"], symlinks=True)
     shutil.copytree(dirs["F"], dirs["FD"], symlinks=True)
     shutil.copytree((dirs["F"] / "last.pt").resolve(), tmp / "fsdp-step12")  # sharded (checkpoint.format auto)
+    shutil.copytree(dirs["FE"], tmp / "FE-step12", symlinks=True)  # for the 4 ranks to resume
     plan2 = [{"set": sets({**DIST, "train.strategy": "ddp", "checkpoint.resume": "auto",
                            "run.out_dir": str(dirs["S"])})},
              {"set": sets({**DIST, "train.strategy": "fsdp", "checkpoint.resume": "auto",
@@ -1159,14 +1166,16 @@ def dist_runs(tmp_path_factory):
                            "run.out_dir": str(dirs["G"])})},
              {"set": sets({**DIST, "train.strategy": "ddp", "checkpoint.resume": "auto",
                            "run.out_dir": str(dirs["FD"])})},
-             {"set": sets({**BN_DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["B"])})}]
+             {"set": sets({**BN_DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["B"])})},
+             {"set": sets({**DIST, "train.strategy": "fsdp", "train.max_steps": 1, "run.out_dir": str(dirs["FI"]),
+                           "checkpoint.init_from": str(dirs["E1"] / "last.pt")}), "init": str(audit / "init-FI.pt")}]
     launcher = threading.Thread(target=lambda: result.__setitem__(2, torchrun(plan2, tmp, "launch2")))
     launcher.start()
     stopped = checkpoint.load(dirs["S1"] / "last.pt")
     single = {k: train.run(cfg_of({**DIST, "checkpoint.resume": "auto"}, dirs[f"{k}1"])) for k in ("S", "F")}
     launcher.join()
     return {"dirs": dirs, "launch": result, "audit": audit, "stop_at": stop_at, "stopped": stopped, "single": single,
-            "fsdp_ckpt": tmp / "fsdp-step12", "dtypes": json.loads((tmp / "dtypes.json").read_text())}
+            "fsdp_ckpt": tmp / "fsdp-step12", "fe_step12": tmp / "FE-step12", "dtypes": json.loads((tmp / "dtypes.json").read_text())}
 
 
 def max_loss_diff(a: Path, b: Path, steps=None) -> float:
@@ -1289,6 +1298,34 @@ def test_fsdp_holds_a_1_over_n_share_of_ddps_parameters_gradients_and_adamw_stat
                 abs(held["ddp_dropout", 0]["params"] * 4 / total["ddp_dropout", 0] - 1), "<=", 0.01)
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_fsdp_initialises_each_shard_as_the_same_rows_of_one_process_init(dist_runs, task):
+    cfg = config.load(None, sets(DIST if task == "classify" else DIST_LM))
+    one_process = models.build(cfg.model, data.build(cfg.data, 0).info, seed=cfg.run.seed).state_dict()
+    sharded = torch.load(dist_runs["audit"] / f"init-{DIST_DIRS[task]['fsdp']}.pt", weights_only=True)
+    gates.check(f"{task}: FSDP2 (built on meta, 2 ranks) vs one process, same seed: initial entries that differ "
+                f"bitwise", [k for k in one_process if not torch.equal(one_process[k], sharded[k])], "==", [])
+
+
+def test_init_from_a_full_checkpoint_loads_into_fsdp_shards(dist_runs):
+    d = dist_runs["dirs"]
+    weights = checkpoint.load(d["E1"] / "last.pt")["model"]
+    loaded = torch.load(dist_runs["audit"] / "init-FI.pt", weights_only=True)
+    gates.check("checkpoint.init_from (a single-process checkpoint) under FSDP2, 2 ranks: entries that differ "
+                "bitwise from the file's", [k for k in weights if not torch.equal(weights[k], loaded[k])], "==", [])
+
+
+def test_under_fsdp_no_rank_ever_holds_the_whole_model(dist_runs):
+    built = {(s, r): json.loads((dist_runs["audit"] / f"build-{s}-rank{r}.json").read_text())
+             for s in ("fsdp", "ddp") for r in (0, 1)}
+    gates.check("GPT built under FSDP2 (2 ranks): worst rank's peak allocation / (its share of the model + the "
+                "largest tensor whole and its share of it)",
+                max(built["fsdp", r]["init_peak"] / zero_lab.init_bound(built["fsdp", r], 2) for r in (0, 1)),
+                "<=", 1.0)
+    gates.check("the same GPT built under DDP: rank 0's peak / the model's bytes (each rank holds it all)",
+                built["ddp", 0]["init_peak"] / built["ddp", 0]["model_bytes"], ">=", 1.0)
+
+
 def test_fsdp_checkpoints_resume_under_fsdp_and_in_one_process_and_vice_versa(dist_runs):
     d = dist_runs["dirs"]
     gates.check("FSDP2 stopped at step 12, resumed under FSDP2, vs DDP: max |loss diff| over steps 13-32",
@@ -1299,6 +1336,23 @@ def test_fsdp_checkpoints_resume_under_fsdp_and_in_one_process_and_vice_versa(di
                 "==", 32)
     gates.check("single-process checkpoint resumed under FSDP2 (2 ranks): final step",
                 checkpoint.load(d["G"] / "last.pt")["step"], "==", 32)
+
+
+@pytest.fixture(scope="module")
+def resumed_on_4_ranks(dist_runs, tmp_path_factory):
+    """FE's sharded checkpoint (2 ranks, step 12) resumed by 4 FSDP2 ranks, to the end of the run."""
+    run_dir = dist_runs["fe_step12"]
+    plan = [{"set": sets({**DIST_LM, "model.gpt.dropout": 0.0, "train.strategy": "fsdp", "checkpoint.resume": "auto",
+                          "run.out_dir": str(run_dir)})}]
+    code, out = torchrun(plan, tmp_path_factory.mktemp("four"), "launch4", ranks=4)
+    return code, out, run_dir
+
+
+def test_a_sharded_checkpoint_of_2_ranks_resumes_on_4_ranks_on_the_same_samples(resumed_on_4_ranks, dist_runs):
+    code, out, run_dir = resumed_on_4_ranks
+    assert code == 0 and "2 -> 4 ranks: same samples" in out, out[-3000:]
+    gates.check("GPT, FSDP2 on 2 ranks stopped at step 12, resumed on 4, vs DDP on 2 (no dropout): max |loss diff| "
+                "over steps 13-32", max_loss_diff(run_dir, dist_runs["dirs"]["EL"], range(13, 33)), "<=", 1e-5)
 
 
 def test_fsdp_in_bf16_gathers_bf16_weights_keeps_fp32_shards_and_trains_like_ddp_with_autocast(dist_runs):
@@ -1840,17 +1894,40 @@ class StateProbe(train.Hook):
             self.handle.remove()
 
 
+class InitProbe(train.Hook):
+    """Saves (rank 0) the model's parameters and buffers as the run starts, each gathered whole from its shards."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def attach(self, model, module, progress):
+        state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+        if int(os.environ["RANK"]) == 0:
+            torch.save(state, self.path)
+
+
+def measure_build(cfg: config.Config, path: str) -> None:
+    """Each rank writes zero_lab's figures of train.build_model: its peak, the whole model's and one block's bytes."""
+    _, built = zero_lab.build_measured(cfg, data.build(cfg.data, cfg.run.seed).info, distributed.setup("cpu"))
+    Path(f"{path}-rank{os.environ['RANK']}.json").write_text(json.dumps(built))
+
+
 def dist_driver(plan_file: str) -> int:
-    """Under torchrun: join the process group once, then run each planned config in turn (as train.py would)."""
+    """Under torchrun: join the process group once, then run each planned config in turn (as train.py would), or
+    measure its model's construction ("build")."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     for item in json.loads(Path(plan_file).read_text()):
+        if "build" in item:
+            measure_build(config.load(None, item["set"]), item["build"])
+            continue
         try:
             drills = Faults.from_env(item.get("faults", ""))
             drills.install_process_drills()
             probes = [DtypeProbe(item["dtypes"])] if "dtypes" in item else []
             probes += [StateProbe(item["state"])] if "state" in item else []
+            probes += [InitProbe(item["init"])] if "init" in item else []
             train.run(config.load(None, item["set"]), [drills, *probes])
         except train.Stopped as exc:
             return exc.code

@@ -403,7 +403,8 @@ def resume_source(cfg: config.Config) -> tuple[Path | None, dict | None]:
 
 
 def load_weights(model: torch.nn.Module, path) -> None:
-    """Fine-tuning: the model weights of any template checkpoint (DDP/compile prefixes dropped), shapes checked."""
+    """Fine-tuning: the model weights of any template checkpoint (DDP/compile prefixes dropped), shapes checked, into
+    a plain or an FSDP2-sharded model."""
     ckpt = load(path)
     if ckpt.get("sharded"):
         index = distributed.shard_reader(ckpt["path"]).read_metadata().state_dict_metadata
@@ -412,4 +413,4 @@ def load_weights(model: torch.nn.Module, path) -> None:
         return
     weights = strip_prefixes(ckpt["model"])
     check_fits(model, {k: tuple(v.shape) for k, v in weights.items()}, path)
-    model.load_state_dict(weights)
+    distributed.load_model_state(model, weights)  # under FSDP2 each rank keeps its shard of them

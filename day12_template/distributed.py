@@ -120,24 +120,32 @@ def setup(device_name: str) -> Dist:
 
 
 # -- wrapping ----------------------------------------------------------------------------------------------------
-def wrap(model: nn.Module, strategy: str, d: Dist, bf16: bool = False) -> nn.Module:
-    """The module to call for training: the model itself (1 process), a DDP wrapper, or the model sharded in place
-    by FSDP2's `fully_shard` (each of `model.blocks`, then the root). State dicts are always taken from `model`.
-    `bf16` (train.amp in bfloat16) under FSDP2: parameters are all-gathered in bf16 (half the bytes; autocast still
-    keeps its fp32 ops in fp32) and gradients reduce-scattered in fp32; the shards and AdamW's moments stay fp32."""
-    if not d.enabled:
-        return model
-    if strategy == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def shard(model: nn.Module, d: Dist, bf16: bool = False) -> None:
+    """FSDP2's `fully_shard`, in place: each of `model.blocks`, then the root, so that one block's full weights exist
+    at a time. Call it on a model built on the meta device, before its memory is allocated (models.materialize).
+    `bf16` (train.amp in bfloat16): parameters are all-gathered in bf16 (half the bytes; autocast still keeps its fp32
+    ops in fp32) and gradients reduce-scattered in fp32; the shards and AdamW's moments stay fp32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh(d.device.type, (d.world,))
-        policy = MixedPrecisionPolicy()  # parameters and gradient reductions in their own dtype (fp32)
-        if bf16:
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in getattr(model, "blocks", []):  # one all-gather per block: one block's full weights at a time
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+    mesh = init_device_mesh(d.device.type, (d.world,))
+    policy = MixedPrecisionPolicy()  # parameters and gradient reductions in their own dtype (fp32)
+    if bf16:
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in getattr(model, "blocks", []):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether FSDP2 sharded the model (its parameters are DTensors)."""
+    return any(hasattr(p, "device_mesh") for p in model.parameters())
+
+
+def wrap(model: nn.Module, d: Dist) -> nn.Module:
+    """The module to call for training: a DDP wrapper under torchrun, else the model itself (one process, or a model
+    FSDP2 sharded in place). State dicts are always taken from `model`."""
+    if not d.enabled or is_sharded(model):
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -196,8 +204,9 @@ def optimizer_state(model: nn.Module, optimizer, d: Dist) -> dict:
     return dcp.get_optimizer_state_dict(model, optimizer, options=full)
 
 
-def load_model_state(model: nn.Module, state: dict, d: Dist) -> None:
-    if not d.enabled:
+def load_model_state(model: nn.Module, state: dict) -> None:
+    """A full state dict into the model, or into its shards."""
+    if not is_sharded(model):
         model.load_state_dict(state)
         return
     dcp, _ = _dcp()

@@ -119,14 +119,20 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # one matrix embeds tokens and scores them
-        # GPT-2 init, in named_parameters' fixed order (the tied matrix appears once): weights N(0, 0.02), the
-        # projections into the residual stream scaled down by sqrt(2 * n_layer) (two per block), biases zero.
-        residual_std = 0.02 / math.sqrt(2 * n_layer)
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                nn.init.normal_(p, mean=0.0, std=residual_std if name.endswith("c_proj.weight") else 0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
+        for name, p in self.named_parameters():  # from the global RNG (the tied matrix appears once)
+            self.init_tensor(name, p, generator=None)
+
+    @torch.no_grad()
+    def init_tensor(self, name: str, tensor: torch.Tensor, generator: torch.Generator | None) -> None:
+        """GPT-2 init of parameter `name`: matrices N(0, 0.02), the projections into the residual stream (two per
+        block) scaled down by sqrt(2 * n_layer), LayerNorm gains 1, biases 0."""
+        if tensor.dim() == 2:
+            std = 0.02 / math.sqrt(2 * len(self.blocks)) if name.endswith("c_proj.weight") else 0.02
+            nn.init.normal_(tensor, mean=0.0, std=std, generator=generator)
+        elif name.endswith("bias"):
+            nn.init.zeros_(tensor)
+        else:
+            nn.init.ones_(tensor)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Logits (B, T, vocab_size) for token ids idx (B, T); with a cache, idx follow the cached tokens."""

@@ -12,8 +12,13 @@ function, registered together:
 and `[model.my_net]` in a config file (or `--set model.my_net.hidden=512`) sets its fields. A model returns logits:
 (batch, classes) for `classify`, (batch, time, vocabulary) for `lm`; the task (tasks.py) turns them into a loss. Put
 its repeated layers in `self.blocks`: they become the units of activation checkpointing
-(`model.activation_checkpointing`) and of FSDP sharding (`fully_shard`).
+(`model.activation_checkpointing`) and of FSDP sharding (`fully_shard`). It initialises itself through
+`init_tensor(name, tensor, generator)`: the rule for one parameter or buffer, filled whole from `generator` (see
+`init_weights`: this is what lets FSDP build the model without any rank ever holding all of it; a model without one
+gets its layers' default init, and under FSDP each rank builds it whole before sharding it).
 """
+import functools
+import zlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,9 +50,19 @@ def register(name: str, table: type, task: str):
 
 
 class Blocks(nn.Module):
-    """Runs `self.blocks` in order, each one recomputed in backward when checkpointing is on (training only)."""
+    """Runs `self.blocks` in order, each one recomputed in backward when checkpointing is on (training only).
+    Initialises vectors as PyTorch does (norm gains and running variances 1, biases, means and counts 0) and leaves
+    matrices and kernels to `init_matrix`."""
 
     checkpointing = False
+
+    def init_tensor(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        if tensor.dim() >= 2:
+            self.init_matrix(name, tensor, generator)
+        elif name.endswith(("running_var", ".weight")):
+            nn.init.ones_(tensor)
+        else:
+            nn.init.zeros_(tensor)
 
     def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -68,10 +83,9 @@ class MLP(Blocks):
             nn.Sequential(nn.Linear(a, b), nn.LayerNorm(b), nn.GELU(), nn.Dropout(dropout))
             for a, b in zip(widths, widths[1:]))
         self.head = nn.Linear(hidden, num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):  # small random weights break the symmetry between units
-                nn.init.trunc_normal_(m.weight, std=0.02, a=-0.04, b=0.04)
-                nn.init.zeros_(m.bias)
+
+    def init_matrix(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        nn.init.trunc_normal_(tensor, std=0.02, a=-0.04, b=0.04, generator=generator)  # small: breaks the symmetry
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.run_blocks(x.flatten(1)))
@@ -106,6 +120,12 @@ class ResNet(Blocks):
         self.blocks = nn.ModuleList(BasicBlock(a, b, stride=1 if i == 0 else 2)
                                     for i, (a, b) in enumerate(zip(chans, chans[1:])))
         self.head = nn.Linear(widths[-1], num_classes)
+
+    def init_matrix(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        if tensor.dim() == 4:  # He init, as torchvision's ResNets: keeps the activations' scale through ReLUs
+            nn.init.kaiming_normal_(tensor, mode="fan_out", nonlinearity="relu", generator=generator)
+        else:  # the head
+            nn.init.trunc_normal_(tensor, std=0.02, a=-0.04, b=0.04, generator=generator)
 
     def forward(self, x):
         return self.head(self.run_blocks(self.stem(x)).mean(dim=(2, 3)))
@@ -165,11 +185,66 @@ def gpt(cfg: GPTTable, info) -> nn.Module:
     return GPT(vocab, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias)
 
 
-def build(cfg, info) -> nn.Module:
-    """The model named by `cfg.name` (the [model] section), configured by its table and sized for the data."""
-    model = MODELS[cfg.name].build(getattr(cfg, cfg.name), info)
+def build(cfg, info, seed: int = 0, device: str | torch.device = "cpu", shard: Callable | None = None) -> nn.Module:
+    """The model named by `cfg.name` (the [model] section), configured by its table, sized for the data, on `device`
+    and initialised from `seed`. It is built on the meta device (shapes only: no memory, no random draws); `shard`
+    (FSDP2's fully_shard) is applied there, then memory is allocated and every tensor drawn by `init_weights`. A model
+    without `init_tensor` is built whole instead, by its layers' own initialisers, then sharded."""
+    make = functools.partial(MODELS[cfg.name].build, getattr(cfg, cfg.name), info)
+    with torch.device("meta"):
+        model = make()
+    if hasattr(model, "init_tensor"):
+        if shard:
+            shard(model)
+        materialize(model, device, seed)
+    else:
+        with torch.random.fork_rng(devices=[]):  # PyTorch's default init, from `seed`, the global RNG untouched
+            torch.manual_seed(seed)
+            model = make().to(device)
+        if shard:
+            shard(model)
     model.checkpointing = cfg.activation_checkpointing
     return model
+
+
+def materialize(model: nn.Module, device: str | torch.device, seed: int) -> None:
+    """Memory on `device` for a model built on "meta" (only the local shards of an FSDP2-sharded one), then its
+    initial values (init_weights). Ties between parameters (GPT's embedding and head) are kept."""
+    ties = tied_parameters(model)
+    model.to_empty(device=device)
+    for module, name, owner, owner_name in ties:  # to_empty gives each use of a shared tensor its own copy
+        setattr(module, name, getattr(owner, owner_name))
+    init_weights(model, seed)
+
+
+def tied_parameters(model: nn.Module) -> list[tuple]:
+    """(module, name, owner, owner's name) for every parameter that is another module's, met earlier."""
+    first, ties = {}, []
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in first:
+                ties.append((module, name, *first[id(p)]))
+            else:
+                first[id(p)] = (module, name)
+    return ties
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int) -> None:
+    """Every parameter and buffer by `model.init_tensor`, each drawn whole from its own generator, seeded from `seed`
+    and its name. An FSDP2-sharded parameter (a DTensor) keeps only its rows of that whole tensor, so every rank's
+    shard equals the same rows of what one process initialises, at any world size; the largest temporary is one
+    full tensor. The draws happen on the tensor's device: CPU and CUDA give different (equally valid) values."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        generator = torch.Generator(tensor.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        whole = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+        model.init_tensor(name, whole, generator)
+        if hasattr(tensor, "device_mesh"):  # a DTensor: this rank's rows, cut locally (no communication)
+            from torch.distributed.tensor import distribute_tensor  # imported already by FSDP2 (slow to load)
+
+            whole = distribute_tensor(whole, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()
+            tensor = tensor.to_local()
+        tensor.copy_(whole)
 
 
 def autocast(train, device_type: str):

@@ -53,6 +53,19 @@ def seed_everything(seed: int, deterministic: bool, compiling: bool) -> None:
         torch._C._set_deterministic_algorithms(deterministic, warn_only=True)
 
 
+def build_model(cfg: config.Config, info, d: distributed.Dist) -> torch.nn.Module:
+    """The model on d.device, initialised from run.seed. Under FSDP it is sharded on the meta device, before any
+    memory exists, so that no rank ever allocates more than its shard plus one full tensor: every rank draws the
+    same initial tensors, one at a time, and keeps its own rows (models.init_weights)."""
+    shard = None
+    if d.enabled and cfg.train.strategy == "fsdp":
+        shard = functools.partial(distributed.shard, d=d, bf16=cfg.train.amp and cfg.train.amp_dtype == "bfloat16")
+    model = models.build(cfg.model, info, cfg.run.seed, d.device, shard)
+    if cfg.model.channels_last:  # NHWC: faster convolutions on Tensor Cores and CPUs
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
 def build_optimizer(model, cfg: config.Optim) -> torch.optim.Optimizer:
     """AdamW with decay on weight matrices only: pulling biases, norm gains and position embeddings toward 0 does not
     regularise. (A tied embedding is one parameter: it is decayed once.)"""
@@ -164,7 +177,7 @@ def restore(model, optimizer, ckpt: dict, d: distributed.Dist) -> None:
     if ckpt.get("sharded"):
         checkpoint.load_sharded(model, optimizer, ckpt)
         return
-    distributed.load_model_state(model, ckpt["model"], d)
+    distributed.load_model_state(model, ckpt["model"])
     if optimizer is not None:
         distributed.load_optimizer_state(model, optimizer, ckpt["optimizer"], d)
 
@@ -195,14 +208,12 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     for hook in hooks:
         splits = hook.data(splits)
     task = tasks.for_data(splits.info)
-    layout = torch.channels_last if cfg.model.channels_last else torch.preserve_format  # NHWC for conv Tensor Cores
-    model = models.build(cfg.model, splits.info).to(device, memory_format=layout)
+    model = build_model(cfg, splits.info, d)
     if cfg.checkpoint.init_from and not ckpt:
         checkpoint.load_weights(model, cfg.checkpoint.init_from)
     if d.enabled:
-        torch.manual_seed(cfg.run.seed + 1 + d.rank)  # the same init above on every rank; from here, own dropout
-    bf16 = tc.amp and tc.amp_dtype == "bfloat16"
-    module = distributed.wrap(model, tc.strategy, d, bf16)  # a DDP wrapper, or the model sharded in place (FSDP2)
+        torch.manual_seed(cfg.run.seed + 1 + d.rank)  # from here on, each rank its own dropout
+    module = distributed.wrap(model, d)  # a DDP wrapper under torchrun, else the (perhaps sharded) model itself
     if cfg.model.compile:
         module = torch.compile(module)
 
@@ -262,6 +273,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             log.say(note)
     if lock and lock.note:
         log.say(lock.note)
+    if distributed.is_sharded(model) and not hasattr(model, "init_tensor"):
+        log.say(f"{cfg.model.name} has no init_tensor: each rank built it whole before sharding it (see models.py)")
     for hook in hooks:
         hook.attach(model, module, progress)
     prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)

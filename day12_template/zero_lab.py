@@ -4,7 +4,8 @@ and 4 CPU ranks (gloo), next to the six-week plan's formulas.
     python zero_lab.py --out results            # results/zero.json, zero.md and zero.png
 
 Per rank, from the live tensors (an FSDP2 parameter is a DTensor: its local shard is what the rank holds): parameter,
-gradient and AdamW-state bytes; the peak a steady training step allocates above what was live before it (the
+gradient and AdamW-state bytes; the peak of building the model (train.build_model: on the meta device, sharded
+there under FSDP2, then materialised and initialised); the peak a steady training step allocates above what was live before it (the
 profiler's allocation record, the CPU stand-in for torch.cuda.max_memory_allocated); and the bytes it sends per
 optimizer step, counted from the collectives it calls (DDP's gradient buckets through a comm hook; FSDP2's
 all-gathers and reduce-scatters) as a ring algorithm sends them: all-reduce 2(N-1)/N of the payload, all-gather and
@@ -89,14 +90,23 @@ class SentBytes:
 
 
 # -- one rank's measurement ---------------------------------------------------------------------------------------
+def build_measured(cfg: config.Config, info, d: distributed.Dist) -> tuple[torch.nn.Module, dict]:
+    """train.build_model, and what it allocated at its peak, next to the bytes of the whole model and of its largest
+    tensor (initialised whole, then cut to this rank's rows)."""
+    built = []
+    peak = memory.allocation_peak(lambda: built.append(train.build_model(cfg, info, d)))
+    model = built[0]
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]  # a DTensor's numel is its full shape's
+    return model, {"init_peak": peak, "model_bytes": sum(sizes), "largest_bytes": max(sizes)}
+
+
 def worker(strategy: str, out: Path) -> None:
     """Under torchrun (or alone): one steady step measured, then one save of each checkpoint format timed."""
     d = distributed.setup("cpu")
     cfg = config.load(str(CONFIG), [f"train.strategy={strategy}"])
     info = memory.info_of(cfg)
-    torch.manual_seed(cfg.run.seed)
-    model = models.build(cfg.model, info)
-    module = distributed.wrap(model, strategy, d)
+    model, built = build_measured(cfg, info, d)
+    module = distributed.wrap(model, d)
     optimizer = train.build_optimizer(model, cfg.optim)
     task = tasks.for_data(info)
     x, y = memory.sample_batch(info, cfg.train.batch_size // d.world)
@@ -112,7 +122,7 @@ def worker(strategy: str, out: Path) -> None:
     step()  # AdamW creates its moments: measure a steady step
     sent.total = 0
     peak = memory.allocation_peak(step)
-    figures = {**held, "step_peak": peak, "sent_per_step": sent.total, "saves": saves(model, optimizer, d, out)}
+    figures = {**held, **built, "step_peak": peak, "sent_per_step": sent.total, "saves": saves(model, optimizer, d, out)}
     everyone = d.gather(figures)
     if d.is_main:
         out.write_text(json.dumps({"params": models.count_params(model), "ranks": everyone}))
@@ -177,13 +187,24 @@ def measure(strategy: str, ranks: int, scratch: Path) -> dict:
     return json.loads(out.read_text())
 
 
+BOOKKEEPING = 1024  # bytes FSDP2 keeps beside the shards: a few scalars (8 bytes measured for the GPT)
+
+
+def init_bound(built: dict, shards: int) -> float:
+    """The most building the model may allocate on a rank holding 1/shards of it: its share, plus the largest
+    tensor whole and its share of it (the temporaries of models.init_weights)."""
+    return (built["model_bytes"] + built["largest_bytes"]) / shards + built["largest_bytes"] + BOOKKEEPING
+
+
 def summarise(strategy: str, ranks: int, got: dict) -> dict:
     """Rank 0's figures (the largest shard under FSDP2), the formula and the ratios the README shows."""
     psi, r0 = got["params"], got["ranks"][0]
     state = r0["params"] + r0["grads"] + r0["optimizer"]
     formula = 16 * psi / (ranks if strategy == "fsdp" else 1)
     return {"strategy": strategy, "ranks": ranks, "psi": psi, **{k: r0[k] for k in ("params", "grads", "optimizer")},
-            "state": state, "formula": formula, "step_peak": r0["step_peak"], "sent_per_step": r0["sent_per_step"],
+            "state": state, "formula": formula, "init_peak": r0["init_peak"],
+            "init_bound": init_bound(r0, ranks if strategy == "fsdp" else 1),
+            "step_peak": r0["step_peak"], "sent_per_step": r0["sent_per_step"],
             "allreduce_formula": 2 * (ranks - 1) / ranks * 4 * psi, "saves_by_rank": [r["saves"] for r in got["ranks"]]}
 
 
@@ -192,11 +213,13 @@ def markdown(res: dict) -> str:
     lines = [f"`{res['config']}`: the GPT, {res['psi']:,} parameters (Psi), fp32, AdamW; micro-batch = "
              f"{res['batch']} / N windows; {res['machine']}, torch {res['torch']}, one thread per rank (gloo).", "",
              "| strategy | ranks N | params + grads + AdamW per rank, MiB | formula (DDP 16 Psi, ZeRO-3 16 Psi / N) "
+             "| building the model: peak, MiB | its bound (FSDP: (4 Psi + L) / N + L, DDP: 4 Psi + 2L; L: the largest "
+             "tensor), MiB "
              "| step peak above resting, MiB | sent per step, MiB | DDP's all-reduce 2(N-1)/N * 4 Psi, MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in res["rows"]:
         lines.append(f"| {row['strategy']} | {row['ranks']} | {row['state'] / mib:.2f} | {row['formula'] / mib:.2f} | "
-                     f"{row['step_peak'] / mib:.2f} | {row['sent_per_step'] / mib:.2f} | "
+                     f"{row['init_peak'] / mib:.2f} | {row['init_bound'] / mib:.2f} | {row['step_peak'] / mib:.2f} | {row['sent_per_step'] / mib:.2f} | "
                      f"{row['allreduce_formula'] / mib:.2f} |")
     lines += ["", "One checkpoint of each format: the training stall (every rank waits that long before training "
               "goes on), the time until its files are complete, and its bytes:", "",
