@@ -69,7 +69,7 @@ def bare(cfg_path: Path) -> tuple[float, float]:
     train.seed_everything(cfg.run.seed, cfg.run.deterministic, False)
     splits = data.build(cfg.data, cfg.run.seed)
     task = tasks.for_data(splits.info)
-    model = models.build(cfg.model, splits.info)
+    model = models.build(cfg.model, splits.info, cfg.run.seed)
     optimizer = train.build_optimizer(model, cfg.optim)
     sampler = data.ResumableSampler(len(splits.train), tc.batch_size, tc.batch_size, 0, 1, cfg.run.seed,
                                     draws=tc.eval_every or tc.steps)

@@ -52,8 +52,8 @@ def model_names() -> tuple[str, ...]:
 
 @dataclass
 class Run:
-    seed: int = opt(0, "one seed for init, data order and dropout: same seed + same config = the same run", ge=0,
-                    le=2**32 - 1)  # NumPy's seed range
+    seed: int = opt(0, "one seed for init, data order and dropout: same seed + same config + same device type = "
+                    "the same run", ge=0, le=2**32 - 1)  # NumPy's seed range
     out_dir: str = opt("runs/template", "run folder for config, metrics, TensorBoard and checkpoints (relative to "
                        "the current folder)", safe=True)
     device: str = opt("auto", "auto = cuda -> mps -> cpu; or cpu, cuda, cuda:N, mps (torchrun: cuda:LOCAL_RANK)",

@@ -122,7 +122,8 @@ def setup(device_name: str) -> Dist:
 # -- wrapping ----------------------------------------------------------------------------------------------------
 def shard(model: nn.Module, d: Dist, bf16: bool = False) -> None:
     """FSDP2's `fully_shard`, in place: each of `model.blocks`, then the root, so that one block's full weights exist
-    at a time. Call it on a model built on the meta device, before its memory is allocated (models.materialize).
+    at a time. Call it before the model's memory is allocated, while it is on the meta device (models.build), so that
+    only the shards are ever allocated.
     `bf16` (train.amp in bfloat16): parameters are all-gathered in bf16 (half the bytes; autocast still keeps its fp32
     ops in fp32) and gradients reduce-scattered in fp32; the shards and AdamW's moments stay fp32."""
     from torch.distributed.device_mesh import init_device_mesh

@@ -124,7 +124,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_tensor(self, name: str, tensor: torch.Tensor, generator: torch.Generator | None) -> None:
-        """GPT-2 init of parameter `name`: matrices N(0, 0.02), the projections into the residual stream (two per
+        """GPT-2 init of parameter (or buffer: GPT has none) `name`: matrices N(0, 0.02), the projections into the residual stream (two per
         block) scaled down by sqrt(2 * n_layer), LayerNorm gains 1, biases 0."""
         if tensor.dim() == 2:
             std = 0.02 / math.sqrt(2 * len(self.blocks)) if name.endswith("c_proj.weight") else 0.02

@@ -84,7 +84,7 @@ def run_config(name: str, runs: Path, max_steps: int, digits: Path, mnist_root: 
     row["capped_at"] = max_steps if result["stopped_by"] == "max_steps" else None
     row.update({k: v for k, v in val.items() if k.startswith("val_")})
     row.update({k: v for k, v in result.items() if k.startswith("test_")})
-    return {**row, "params": models.count_params(models.build(cfg.model, splits.info)), "steps": result["step"],
+    return {**row, "params": models.count_params(models.build(cfg.model, splits.info, device="meta")), "steps": result["step"],
             "epochs_run": val["epoch"] + 1, "wall_s": time.perf_counter() - t0, "test_acc": result.get("test_acc"),
             "samples_per_s": max((r["samples_per_s"] for r in records if r["kind"] == "train"), default=None)}
 

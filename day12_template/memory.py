@@ -93,8 +93,7 @@ def activations(cfg: config.Config, info, batch: int) -> tuple[int, int, int]:
     """(bytes saved for backward, the largest single saved tensor, the logits in fp32) for one forward and loss at
     `batch`: the model is built on the meta device (no initialisation) and called on fake CPU tensors of its
     parameters and buffers."""
-    with torch.device("meta"):
-        model = models.build(cfg.model, info)
+    model = models.build(cfg.model, info, device="meta")
     with FakeTensorMode():
         tensors = {name: torch.empty(t.shape, dtype=t.dtype, requires_grad=t.requires_grad)
                    for name, t in [*model.named_parameters(), *model.named_buffers()]}
@@ -119,8 +118,7 @@ class Estimator:
 
     def __init__(self, cfg: config.Config, info, device: str = "cuda"):
         self.cfg, self.info, self.device = cfg, info, device
-        with torch.device("meta"):  # shapes only: GPT-2's weights are never initialised
-            model = models.build(cfg.model, info)
+        model = models.build(cfg.model, info, device="meta")  # shapes only: GPT-2's weights are never initialised
         self.params = sum(p.numel() for p in model.parameters())
         self.largest_param = max(p.numel() for p in model.parameters()) * 4
         self.sample_bytes = sum(t.nbytes for t in sample_batch(info, 1))

@@ -13,11 +13,12 @@ and `[model.my_net]` in a config file (or `--set model.my_net.hidden=512`) sets 
 (batch, classes) for `classify`, (batch, time, vocabulary) for `lm`; the task (tasks.py) turns them into a loss. Put
 its repeated layers in `self.blocks`: they become the units of activation checkpointing
 (`model.activation_checkpointing`) and of FSDP sharding (`fully_shard`). It initialises itself through
-`init_tensor(name, tensor, generator)`: the rule for one parameter or buffer, filled whole from `generator` (see
-`init_weights`: this is what lets FSDP build the model without any rank ever holding all of it; a model without one
+`init_tensor(name, tensor, generator)`: the rule for one parameter or buffer (a computed buffer, such as a mask:
+computed again), filled whole from `generator` (see `init_weights`: this is what lets FSDP build the model without any rank ever holding all of it; a model without one
 gets its layers' default init, and under FSDP each rank builds it whole before sharding it).
 """
 import functools
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -49,20 +50,18 @@ def register(name: str, table: type, task: str):
     return add
 
 
+def init_vector(name: str, tensor: torch.Tensor) -> None:
+    """A norm's gain or a running variance 1; a bias, a running mean or a count 0."""
+    if name.endswith(("running_var", ".weight")):
+        nn.init.ones_(tensor)
+    else:
+        nn.init.zeros_(tensor)
+
+
 class Blocks(nn.Module):
-    """Runs `self.blocks` in order, each one recomputed in backward when checkpointing is on (training only).
-    Initialises vectors as PyTorch does (norm gains and running variances 1, biases, means and counts 0) and leaves
-    matrices and kernels to `init_matrix`."""
+    """Runs `self.blocks` in order, each one recomputed in backward when checkpointing is on (training only)."""
 
     checkpointing = False
-
-    def init_tensor(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        if tensor.dim() >= 2:
-            self.init_matrix(name, tensor, generator)
-        elif name.endswith(("running_var", ".weight")):
-            nn.init.ones_(tensor)
-        else:
-            nn.init.zeros_(tensor)
 
     def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -84,8 +83,11 @@ class MLP(Blocks):
             for a, b in zip(widths, widths[1:]))
         self.head = nn.Linear(hidden, num_classes)
 
-    def init_matrix(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        nn.init.trunc_normal_(tensor, std=0.02, a=-0.04, b=0.04, generator=generator)  # small: breaks the symmetry
+    def init_tensor(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        if tensor.dim() == 2:  # small random weights break the symmetry between units
+            nn.init.trunc_normal_(tensor, std=0.02, a=-0.04, b=0.04, generator=generator)
+        else:
+            init_vector(name, tensor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.run_blocks(x.flatten(1)))
@@ -121,11 +123,12 @@ class ResNet(Blocks):
                                     for i, (a, b) in enumerate(zip(chans, chans[1:])))
         self.head = nn.Linear(widths[-1], num_classes)
 
-    def init_matrix(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        if tensor.dim() == 4:  # He init, as torchvision's ResNets: keeps the activations' scale through ReLUs
-            nn.init.kaiming_normal_(tensor, mode="fan_out", nonlinearity="relu", generator=generator)
-        else:  # the head
-            nn.init.trunc_normal_(tensor, std=0.02, a=-0.04, b=0.04, generator=generator)
+    def init_tensor(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        if tensor.dim() >= 2:  # PyTorch's default for the weights of Conv2d and Linear: U(+-1/sqrt(fan_in))
+            bound = 1 / math.sqrt(tensor[0].numel())
+            nn.init.uniform_(tensor, -bound, bound, generator=generator)
+        else:
+            init_vector(name, tensor)
 
     def forward(self, x):
         return self.head(self.run_blocks(self.stem(x)).mean(dim=(2, 3)))
@@ -187,22 +190,22 @@ def gpt(cfg: GPTTable, info) -> nn.Module:
 
 def build(cfg, info, seed: int = 0, device: str | torch.device = "cpu", shard: Callable | None = None) -> nn.Module:
     """The model named by `cfg.name` (the [model] section), configured by its table, sized for the data, on `device`
-    and initialised from `seed`. It is built on the meta device (shapes only: no memory, no random draws); `shard`
-    (FSDP2's fully_shard) is applied there, then memory is allocated and every tensor drawn by `init_weights`. A model
-    without `init_tensor` is built whole instead, by its layers' own initialisers, then sharded."""
+    and initialised from `seed`; on "meta", shapes only (no memory, no random draws: for counting and estimating).
+    It is built on the meta device first; `shard` (FSDP2's fully_shard) is applied there, then memory is allocated and
+    every tensor drawn by `init_weights`. A model without `init_tensor` is built whole instead, by its layers' own
+    initialisers (on the CPU, then moved), then sharded."""
     make = functools.partial(MODELS[cfg.name].build, getattr(cfg, cfg.name), info)
     with torch.device("meta"):
         model = make()
-    if hasattr(model, "init_tensor"):
-        if shard:
-            shard(model)
-        materialize(model, device, seed)
-    else:
-        with torch.random.fork_rng(devices=[]):  # PyTorch's default init, from `seed`, the global RNG untouched
-            torch.manual_seed(seed)
+    real, own_init = torch.device(device).type != "meta", hasattr(model, "init_tensor")
+    if real and not own_init:
+        with torch.random.fork_rng(devices=[]):  # PyTorch's default init, from `seed`; the global RNG untouched
+            torch.default_generator.manual_seed(seed)
             model = make().to(device)
-        if shard:
-            shard(model)
+    if shard:
+        shard(model)
+    if real and own_init:
+        materialize(model, device, seed)
     model.checkpointing = cfg.activation_checkpointing
     return model
 
@@ -231,20 +234,27 @@ def tied_parameters(model: nn.Module) -> list[tuple]:
 
 @torch.no_grad()
 def init_weights(model: nn.Module, seed: int) -> None:
-    """Every parameter and buffer by `model.init_tensor`, each drawn whole from its own generator, seeded from `seed`
-    and its name. An FSDP2-sharded parameter (a DTensor) keeps only its rows of that whole tensor, so every rank's
-    shard equals the same rows of what one process initialises, at any world size; the largest temporary is one
-    full tensor. The draws happen on the tensor's device: CPU and CUDA give different (equally valid) values."""
+    """Every parameter and buffer by `model.init_tensor`, each drawn whole from a generator of its own, seeded from
+    `seed` and its name. An FSDP2-sharded parameter (a DTensor) is drawn into a temporary and keeps only its rows, so
+    every rank's shard equals the same rows of what one process initialises, at any world size; the largest
+    temporary is one tensor. The draws happen on the tensor's device: CPU and CUDA give different (equally valid)
+    values."""
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        generator = torch.Generator(tensor.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-        whole = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-        model.init_tensor(name, whole, generator)
-        if hasattr(tensor, "device_mesh"):  # a DTensor: this rank's rows, cut locally (no communication)
-            from torch.distributed.tensor import distribute_tensor  # imported already by FSDP2 (slow to load)
+        generator = torch.Generator(tensor.device).manual_seed(seed << 32 | zlib.crc32(name.encode()))
+        if hasattr(tensor, "device_mesh"):
+            init_shard(model, name, tensor, generator)
+        else:
+            model.init_tensor(name, tensor, generator)
 
-            whole = distribute_tensor(whole, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()
-            tensor = tensor.to_local()
-        tensor.copy_(whole)
+
+def init_shard(model: nn.Module, name: str, shard, generator: torch.Generator) -> None:
+    """A DTensor's local rows of the whole tensor `model.init_tensor` draws (the temporaries end with this call)."""
+    from torch.distributed.tensor import distribute_tensor  # FSDP2 has imported it already (it is slow to load)
+
+    whole = torch.empty(shard.shape, dtype=shard.dtype, device=shard.device)
+    model.init_tensor(name, whole, generator)
+    mine = distribute_tensor(whole, shard.device_mesh, shard.placements, src_data_rank=None)  # no communication
+    shard.to_local().copy_(mine.to_local())
 
 
 def autocast(train, device_type: str):

@@ -61,7 +61,7 @@ def build_model(cfg: config.Config, info, d: distributed.Dist) -> torch.nn.Modul
     if d.enabled and cfg.train.strategy == "fsdp":
         shard = functools.partial(distributed.shard, d=d, bf16=cfg.train.amp and cfg.train.amp_dtype == "bfloat16")
     model = models.build(cfg.model, info, cfg.run.seed, d.device, shard)
-    if cfg.model.channels_last:  # NHWC: faster convolutions on Tensor Cores and CPUs
+    if cfg.model.channels_last and not shard:  # NHWC kernels (FSDP2 keeps its shards contiguous; inputs still NHWC)
         model.to(memory_format=torch.channels_last)
     return model
 

@@ -107,6 +107,7 @@ def worker(strategy: str, out: Path) -> None:
     info = memory.info_of(cfg)
     model, built = build_measured(cfg, info, d)
     module = distributed.wrap(model, d)
+    torch.manual_seed(cfg.run.seed)  # the batch below
     optimizer = train.build_optimizer(model, cfg.optim)
     task = tasks.for_data(info)
     x, y = memory.sample_batch(info, cfg.train.batch_size // d.world)

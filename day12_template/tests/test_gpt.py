@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import gpt
+import models
 
 
 def tiny_gpt(seed: int = 0, **overrides) -> gpt.GPT:
@@ -87,16 +88,23 @@ def test_lm_head_is_tied_to_the_token_embedding():
     assert model.lm_head.weight is model.wte.weight
 
 
-def test_init_is_gpt2_with_scaled_residual_projections():
+@pytest.mark.parametrize("drawn_by", ["the constructor", "models.init_weights"])
+def test_init_is_gpt2_with_scaled_residual_projections(drawn_by):
     n_layer = 8
     model = tiny_gpt(n_layer=n_layer, n_embd=256, n_head=4)
+    if drawn_by == "models.init_weights":  # what train.py does: a generator per tensor, seeded from run.seed
+        models.init_weights(model, seed=3)
     residual_std = 0.02 / math.sqrt(2 * n_layer)
     for name, p in model.named_parameters():
         if p.dim() == 2:
             expected = residual_std if name.endswith("c_proj.weight") else 0.02
             assert p.std().item() == pytest.approx(expected, rel=0.1), name
-        elif name.endswith("bias") and "ln" not in name:
+            assert p.mean().abs().item() < 0.1 * expected, name
+        elif name.endswith("bias"):
             assert torch.count_nonzero(p) == 0, name
+        else:
+            assert torch.all(p == 1), name  # LayerNorm gains
+    assert model.lm_head.weight is model.wte.weight
 
 
 def test_init_is_deterministic_given_the_seed():

@@ -33,8 +33,8 @@ class Case:
         self.optimizer(self.model())
 
     def model(self) -> torch.nn.Module:
-        torch.manual_seed(self.cfg.run.seed)  # every check starts from the same weights
-        model = models.build(self.cfg.model, self.splits.info)
+        torch.manual_seed(self.cfg.run.seed)  # every check starts with the same dropout masks ...
+        model = models.build(self.cfg.model, self.splits.info, self.cfg.run.seed)  # ... and the run's initial weights
         if self.weights:
             checkpoint.load_weights(model, self.weights)
         model = model.to(self.device).train()
