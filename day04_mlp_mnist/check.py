@@ -35,6 +35,63 @@ def small_run():
     return day.train(day.Config(**SMALL), log=lambda *_: None)
 
 
+class Stacked(nn.Module):
+    """784 -> 64 -> 64 with the hidden layers kept in `container`, then a head registered as an attribute.
+    Attribute assignment registers a Module, a Parameter or an nn.ModuleList, never the Modules inside a Python list."""
+
+    def __init__(self, container):
+        super().__init__()
+        self.hidden = container([nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU()])
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        for layer in self.hidden:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.fixture(scope="module")
+def containers():
+    """Each container's model trained 150 steps of AdamW on 2,000 training images (from the same initial weights):
+    the model, its first hidden layer's weights before training, the last training loss."""
+    x, y = mnist_tensors(train=True)
+    x, y = x[:2000], y[:2000]
+    out = {}
+    for container in (list, nn.ModuleList):
+        torch.manual_seed(0)
+        model = Stacked(container)
+        before = model.hidden[0].weight.detach().clone()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step in range(150):
+            batch = torch.arange(step * 100, step * 100 + 100) % len(x)
+            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        out[container.__name__] = {"model": model, "before": before, "loss": loss.item()}
+    return out
+
+
+def test_layers_in_a_plain_list_are_invisible_to_parameters_and_state_dict(containers):
+    counts = {name: (sum(p.numel() for p in run["model"].parameters()), len(run["model"].state_dict()))
+              for name, run in containers.items()}
+    gates.check("parameters() and state_dict() entries: hidden layers in a Python list (only the head's)",
+                counts["list"], "==", (64 * 10 + 10, 2))
+    gates.check("... in an nn.ModuleList (every layer's)", counts["ModuleList"], "==",
+                (784 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10, 6))
+
+
+def test_layers_in_a_plain_list_never_train_and_the_model_learns_less(containers):
+    moved = {name: (run["model"].hidden[0].weight - run["before"]).abs().max().item()
+             for name, run in containers.items()}
+    gates.check("max |change| of the first hidden layer's weights after 150 steps, Python list", moved["list"],
+                "==", 0.0)
+    gates.check("... nn.ModuleList", moved["ModuleList"], ">", 1e-3)
+    gates.check("last training loss, Python list / nn.ModuleList",
+                containers["list"]["loss"] / containers["ModuleList"]["loss"], ">", 1.5)
+
+
 @pytest.mark.slow
 def test_default_run_beats_98_percent_on_the_official_test_set(default_run):
     result, _ = default_run

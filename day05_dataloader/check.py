@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 
 import pytest
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from day05_dataloader import main as day
 from day05_dataloader import report
@@ -121,6 +121,40 @@ def test_per_sample_augmentation_is_slower_than_the_training_step(timing):
     producer = max(r["data_samples_per_s"] for r in timing["rows"])
     gates.check("the training step alone consumes more samples/s than the fastest loader produces",
                 timing["model_only_samples_per_s"] / producer, ">", 1)
+
+
+def worker_pids(loader, epochs: int = 2) -> list[set[int]]:
+    """The process ids that built each epoch's batches."""
+    return [{int(batch["pid"]) for batch in loader} for _ in range(epochs)]
+
+
+def test_persistent_workers_keep_the_same_processes_across_epochs():
+    data = Subset(day.MNISTFiles(train=True), range(64))
+    kept = worker_pids(day.make_loader(data, batch_size=16, num_workers=2, collate_fn=day.collate_with_worker))
+    fresh = worker_pids(DataLoader(data, batch_size=16, num_workers=2, collate_fn=day.collate_with_worker))
+    gates.check("persistent_workers=True (make_loader): worker processes of epoch 1, and those of epoch 2 not "
+                "among them", [len(kept[0]), len(kept[1] - kept[0])], "==", [2, 0])
+    gates.check("persistent_workers=False: worker processes of epoch 2 that also served epoch 1",
+                len(fresh[1] & fresh[0]), "==", 0)
+
+
+def test_pin_memory_without_cuda_is_a_no_op():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine pins: test_pin_memory_with_cuda_delivers_pinned_batches is the gate there")
+    data = Subset(day.MNISTFiles(train=True), range(32))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "'pin_memory' argument is set as true but no accelerator is found")
+        batch = next(iter(DataLoader(data, batch_size=16, pin_memory=True)))
+    gates.check("pin_memory=True on a machine without CUDA: batch tensors pinned (image, label)",
+                [batch["image"].is_pinned(), batch["label"].is_pinned()], "==", [False, False])
+
+
+@pytest.mark.gpu
+def test_pin_memory_with_cuda_delivers_pinned_batches():
+    loader = day.make_loader(Subset(day.MNISTFiles(train=True), range(32)), batch_size=16, num_workers=2)
+    batch = next(iter(loader))
+    gates.check("with CUDA: a batch's image and label tensors pinned (page-locked: .to(cuda, non_blocking) is "
+                "asynchronous)", [batch["image"].is_pinned(), batch["label"].is_pinned()], "==", [True, True])
 
 
 class Sleepy(Dataset):
