@@ -53,6 +53,16 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_lab_results(out: Path, name: str, res: dict, markdown: str, plot) -> None:
+    """A lab's out/<name>.json, <name>.md (also printed) and <name>.png (drawn by plot(res, path))."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown)
+    plot(res, out / f"{name}.png")
+    print(markdown)
+    print(f"wrote {out / name}.json, {name}.md and {name}.png")
+
+
 def previous_launches(path: Path) -> list[dict]:
     """The launch history of a run folder (none for a resume into a new folder, or if the file is unreadable)."""
     try:

@@ -274,12 +274,7 @@ def main(argv=None) -> dict:
                 rows.append(summarise(strategy, ranks, measure(strategy, ranks, Path(scratch))))
     res = {"config": CONFIG.name, "psi": rows[0]["psi"], "batch": cfg.train.batch_size,
            "machine": runlog.cpu_name(), "torch": torch.__version__, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "zero.json").write_text(json.dumps(res, indent=2) + "\n")
-    (args.out / "zero.md").write_text(markdown(res))
-    plot(res, args.out / "zero.png")
-    print(markdown(res))
-    print(f"wrote {args.out / 'zero.json'}, zero.md and zero.png")
+    runlog.write_lab_results(args.out, "zero", res, markdown(res), plot)
     return res
 
 

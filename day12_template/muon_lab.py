@@ -1,0 +1,187 @@
+"""muon_lab.py — Muon against AdamW on the template's GPT (shakespeare_cpu.toml: 4 layers x 4 heads x 128), measured
+at equal steps and at equal training time, two seeds, each optimizer at a learning rate chosen on validation.
+
+    python muon_lab.py --out results            # results/muon.json, muon.md and muon.png
+
+Muon (torch.optim.Muon) updates a weight matrix with its momentum orthogonalised by a few Newton-Schulz iterations
+(every singular value pushed towards 1), so that no direction of the update dominates. It is defined for matrices
+only: as nanochat does, the blocks' 2-D weights go to Muon, and everything else (the token embedding, tied to the
+output layer; the position embedding; LayerNorm gains) stays with AdamW, at the learning rate AdamW's own sweep
+chose. Both follow the template's warmup + cosine schedule.
+
+The protocol, on seed 0: sweep AdamW's learning rate, then Muon's (for the matrices; the rest at AdamW's choice),
+each choice the lowest validation loss after STEPS steps (validation: fixed windows of the held-out works, never the
+test split). Then both at their choices on seed 1 (another init and data order). Equal time: the optimizer whose
+step costs more is run again, on both seeds, for as many steps as the other's STEPS took it (its own warmup +
+cosine over them), and the final validation losses are compared. Training time counts the steps only (evaluations
+left out).
+"""
+import argparse
+import dataclasses
+import time
+from operator import itemgetter
+from pathlib import Path
+
+import torch
+
+import config
+import data
+import models
+import runlog
+import tasks
+import train
+
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE / "configs" / "shakespeare_cpu.toml"
+STEPS, EVAL_EVERY, VAL_WINDOWS = 240, 40, 256
+ADAMW_LRS = (1e-3, 3e-3, 6e-3)
+MUON_LRS = (0.02, 0.05, 0.1)  # Muon's step is a unit-scale matrix: its learning rates sit 1-2 decades above AdamW's
+
+
+def muon_groups(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(the blocks' weight matrices, for Muon; every other trainable parameter, for AdamW)."""
+    matrices = [p for name, p in model.named_parameters() if name.startswith("blocks.") and p.ndim == 2]
+    chosen = {id(p) for p in matrices}
+    return matrices, [p for p in model.parameters() if id(p) not in chosen]
+
+
+def optimizers(model, cfg: config.Config, name: str, lr: float, adamw_lr: float) -> list[torch.optim.Optimizer]:
+    """AdamW as the template builds it (decay on matrices only), or Muon for the blocks' matrices beside AdamW for
+    the rest."""
+    if name == "adamw":
+        return [train.build_optimizer(model, dataclasses.replace(cfg.optim, lr=lr))]
+    matrices, rest = muon_groups(model)
+    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.ndim >= 2], "weight_decay": cfg.optim.weight_decay},
+                               {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0}],
+                              lr=adamw_lr, betas=cfg.optim.betas)
+    # adjust_lr_fn "original": a rectangular matrix's step scaled by sqrt(max(1, fan_out / fan_in)), Keller Jordan's
+    muon = torch.optim.Muon(matrices, lr=lr, weight_decay=cfg.optim.weight_decay, adjust_lr_fn="original")
+    return [muon, adamw]
+
+
+@torch.no_grad()
+def val_loss(model, task, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
+    model.eval()
+    x, y = windows
+    nats = sum(task.eval_sums(model(xb), yb)[0].item() for xb, yb in zip(x.split(64), y.split(64)))
+    model.train()
+    return nats / y.numel()
+
+
+def run(cfg: config.Config, splits, name: str, lr: float, adamw_lr: float, seed: int, steps: int = STEPS) -> dict:
+    """One training run: the validation curve against steps and training seconds."""
+    task = tasks.for_data(splits.info)
+    model = models.build(cfg.model, splits.info, seed)
+    opts = optimizers(model, cfg, name, lr, adamw_lr)
+    schedules = [train.warmup_cosine(opt, steps, cfg.optim) for opt in opts]
+    order = torch.Generator().manual_seed(seed)  # the data order: windows drawn at random, as the template does
+    windows = splits.val.batch(0, torch.arange(VAL_WINDOWS))
+    curve, seconds = [], 0.0
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        x, y = splits.train.batch(0, torch.randint(len(splits.train), (cfg.train.batch_size,), generator=order))
+        task.loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        for opt, schedule in zip(opts, schedules):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            schedule.step()
+        seconds += time.perf_counter() - start
+        if step % EVAL_EVERY == 0 or step == steps:
+            curve.append({"step": step, "seconds": seconds, "val_loss": val_loss(model, task, windows)})
+    return {"optimizer": name, "lr": lr, "adamw_lr": adamw_lr, "seed": seed, "steps": steps, "curve": curve,
+            "val_loss": curve[-1]["val_loss"], "seconds": seconds, "ms_per_step": 1000 * seconds / steps}
+
+
+def compare(cfg: config.Config, splits, log=print) -> dict:
+    """The sweeps on seed 0, then both choices on seed 1, then the slower one at equal time on both seeds."""
+    def timed(name, lr, adamw_lr, seed, steps=STEPS):
+        result = run(cfg, splits, name, lr, adamw_lr, seed, steps)
+        log(f"{name} lr {lr:g} seed {seed}, {steps} steps: val loss {result['val_loss']:.4f}, "
+            f"{result['ms_per_step']:.1f} ms/step")
+        return result
+
+    sweep = [timed("adamw", lr, lr, 0) for lr in ADAMW_LRS]
+    adamw_lr = min(sweep, key=itemgetter("val_loss"))["lr"]
+    sweep += [timed("muon", lr, adamw_lr, 0) for lr in MUON_LRS]
+    chosen = {name: min((r for r in sweep if r["optimizer"] == name), key=itemgetter("val_loss"))
+              for name in ("adamw", "muon")}
+    runs = {(name, 0): r for name, r in chosen.items()}
+    for name, r in chosen.items():
+        runs[name, 1] = timed(name, r["lr"], r["adamw_lr"], 1)
+    costs = {name: r["ms_per_step"] for name, r in chosen.items()}
+    faster, slower = sorted(costs, key=costs.get)
+    equal_steps = round(STEPS * chosen[faster]["ms_per_step"] / chosen[slower]["ms_per_step"])
+    seeds = []
+    for seed in (0, 1):
+        short = timed(slower, chosen[slower]["lr"], chosen[slower]["adamw_lr"], seed, equal_steps)
+        at_time = {faster: runs[faster, seed], slower: short}
+        seeds.append({"seed": seed, **{f"{name}_at_steps": runs[name, seed]["val_loss"] for name in chosen},
+                      **{f"{name}_at_time": r["val_loss"] for name, r in at_time.items()},
+                      **{f"{name}_seconds_at_time": r["seconds"] for name, r in at_time.items()},
+                      **{f"{name}_ms_per_step": runs[name, seed]["ms_per_step"] for name in chosen}})
+    return {"sweep": sweep, "chosen": {name: {"lr": r["lr"], "adamw_lr": r["adamw_lr"]} for name, r in chosen.items()},
+            "slower": slower, "equal_time_steps": equal_steps, "runs": [runs[key] for key in sorted(runs)],
+            "seeds": seeds}
+
+
+def markdown(res: dict) -> str:
+    chosen = res["chosen"]
+    lines = [f"`{res['config']}`'s GPT ({res['params']:,} parameters), {STEPS} steps of batch {res['batch']}, "
+             f"warmup + cosine; validation on {VAL_WINDOWS} fixed windows of the held-out works; {res['machine']}, "
+             f"torch {res['torch']}, {res['threads']} threads.", "",
+             "Learning rates on seed 0 (validation loss after the last step; the lowest is chosen):", "",
+             "| optimizer | lr (Muon: its matrices; the rest at AdamW's choice) | val loss | ms per step |",
+             "|---|---:|---:|---:|"]
+    for r in res["sweep"]:
+        mark = " (chosen)" if r["lr"] == chosen[r["optimizer"]]["lr"] else ""
+        lines.append(f"| {r['optimizer']} | {r['lr']:g}{mark} | {r['val_loss']:.4f} | {r['ms_per_step']:.1f} |")
+    lines += ["", f"Both at their choices, on two seeds; at equal time {res['slower']} trains "
+              f"{res['equal_time_steps']} steps instead of {STEPS}:", "",
+              f"| seed | AdamW, val loss after {STEPS} steps | Muon | AdamW at equal time | Muon at equal time "
+              "| training seconds (AdamW / Muon) at equal time | Muon's ms per step / AdamW's |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in res["seeds"]:
+        lines.append(f"| {s['seed']} | {s['adamw_at_steps']:.4f} | {s['muon_at_steps']:.4f} | "
+                     f"{s['adamw_at_time']:.4f} | {s['muon_at_time']:.4f} | "
+                     f"{s['adamw_seconds_at_time']:.1f} / {s['muon_seconds_at_time']:.1f} | "
+                     f"{s['muon_ms_per_step'] / s['adamw_ms_per_step']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
+    for r in res["runs"]:
+        style = {"color": "C0" if r["optimizer"] == "adamw" else "C1", "linestyle": "-" if r["seed"] == 0 else "--"}
+        label = f"{r['optimizer']} lr {r['lr']:g}, seed {r['seed']}"
+        for ax, key in zip(axes, ("step", "seconds")):
+            ax.plot([p[key] for p in r["curve"]], [p["val_loss"] for p in r["curve"]], label=label, **style)
+    axes[0].set(xlabel="optimizer step", ylabel="validation loss (nats per character)")
+    axes[1].set(xlabel="training seconds")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Muon (blocks' matrices) + AdamW (the rest) vs AdamW")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "runs" / "muon_lab")
+    args = parser.parse_args(argv)
+    cfg = config.load(str(CONFIG), [])
+    train.seed_everything(cfg.run.seed, deterministic=False, compiling=False)
+    splits = data.build(cfg.data, cfg.run.seed)
+    res = {"config": CONFIG.name, "params": models.count_params(models.build(cfg.model, splits.info, device="meta")),
+           "batch": cfg.train.batch_size, "machine": runlog.cpu_name(), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), **compare(cfg, splits)}
+    runlog.write_lab_results(args.out, "muon", res, markdown(res), plot)
+    return res
+
+
+if __name__ == "__main__":
+    main()
