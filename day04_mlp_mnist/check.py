@@ -4,6 +4,7 @@ claims hold on measured figures.
 
 Run:  python day04_mlp_mnist/check.py   (or `pytest day04_mlp_mnist`)
 """
+import copy
 import json
 import sys
 from pathlib import Path
@@ -54,7 +55,7 @@ class Stacked(nn.Module):
 @pytest.fixture(scope="module")
 def containers():
     """Each container's model trained 150 steps of AdamW on 2,000 training images (from the same initial weights):
-    the model, its first hidden layer's weights before training, the last training loss."""
+    the model, its first hidden layer's weights before training, its loss over those images after training."""
     x, y = mnist_tensors(train=True)
     x, y = x[:2000], y[:2000]
     out = {}
@@ -69,13 +70,19 @@ def containers():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        out[container.__name__] = {"model": model, "before": before, "loss": loss.item()}
+        with torch.no_grad():
+            loss = nn.functional.cross_entropy(model(x), y).item()
+        out[container.__name__] = {"model": model, "before": before, "loss": loss}
     return out
 
 
-def test_layers_in_a_plain_list_are_invisible_to_parameters_and_state_dict(containers):
+def test_layers_in_a_plain_list_are_invisible_to_parameters_state_dict_and_to(containers):
     counts = {name: (sum(p.numel() for p in run["model"].parameters()), len(run["model"].state_dict()))
               for name, run in containers.items()}
+    converted = {name: copy.deepcopy(run["model"]).to(torch.float64).hidden[0].weight.dtype
+                 for name, run in containers.items()}
+    gates.check("the first hidden layer's dtype after .to(torch.float64): Python list, nn.ModuleList",
+                [converted["list"], converted["ModuleList"]], "==", [torch.float32, torch.float64])
     gates.check("parameters() and state_dict() entries: hidden layers in a Python list (only the head's)",
                 counts["list"], "==", (64 * 10 + 10, 2))
     gates.check("... in an nn.ModuleList (every layer's)", counts["ModuleList"], "==",
@@ -88,7 +95,8 @@ def test_layers_in_a_plain_list_never_train_and_the_model_learns_less(containers
     gates.check("max |change| of the first hidden layer's weights after 150 steps, Python list", moved["list"],
                 "==", 0.0)
     gates.check("... nn.ModuleList", moved["ModuleList"], ">", 1e-3)
-    gates.check("last training loss, Python list / nn.ModuleList",
+    assert torch.equal(containers["list"]["before"], containers["ModuleList"]["before"])  # the same init
+    gates.check("loss over the 2,000 training images after training, Python list / nn.ModuleList",
                 containers["list"]["loss"] / containers["ModuleList"]["loss"], ">", 1.5)
 
 

@@ -7,6 +7,7 @@ Run:  python day05_dataloader/check.py   (or `pytest day05_dataloader`)
 import ast
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate, get_worker_info
 
 from day05_dataloader import main as day
 from day05_dataloader import report
@@ -123,29 +124,37 @@ def test_per_sample_augmentation_is_slower_than_the_training_step(timing):
                 timing["model_only_samples_per_s"] / producer, ">", 1)
 
 
-def worker_pids(loader, epochs: int = 2) -> list[set[int]]:
-    """The process ids that built each epoch's batches."""
-    return [{int(batch["pid"]) for batch in loader} for _ in range(epochs)]
+def collate_with_process(batch: list[dict]) -> dict:
+    """default_collate plus who built the batch: the worker process's id and its seed (a new worker gets a new seed,
+    so a process id the OS hands out again is not mistaken for the same worker)."""
+    out = default_collate(batch)
+    out["process"] = (os.getpid(), get_worker_info().seed)
+    return out
+
+
+def worker_processes(loader, epochs: int = 2) -> list[set]:
+    """The worker processes that built each epoch's batches."""
+    return [{batch["process"] for batch in loader} for _ in range(epochs)]
 
 
 def test_persistent_workers_keep_the_same_processes_across_epochs():
     data = Subset(day.MNISTFiles(train=True), range(64))
-    kept = worker_pids(day.make_loader(data, batch_size=16, num_workers=2, collate_fn=day.collate_with_worker))
-    fresh = worker_pids(DataLoader(data, batch_size=16, num_workers=2, collate_fn=day.collate_with_worker))
+    kept = worker_processes(day.make_loader(data, batch_size=16, num_workers=2, collate_fn=collate_with_process))
+    fresh = worker_processes(DataLoader(data, batch_size=16, num_workers=2, collate_fn=collate_with_process))
     gates.check("persistent_workers=True (make_loader): worker processes of epoch 1, and those of epoch 2 not "
                 "among them", [len(kept[0]), len(kept[1] - kept[0])], "==", [2, 0])
     gates.check("persistent_workers=False: worker processes of epoch 2 that also served epoch 1",
                 len(fresh[1] & fresh[0]), "==", 0)
 
 
-def test_pin_memory_without_cuda_is_a_no_op():
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA machine pins: test_pin_memory_with_cuda_delivers_pinned_batches is the gate there")
+def test_pin_memory_without_an_accelerator_is_a_no_op():
+    if torch.accelerator.is_available():
+        pytest.skip("an accelerator pins: test_pin_memory_with_cuda_delivers_pinned_batches is the gate on CUDA")
     data = Subset(day.MNISTFiles(train=True), range(32))
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "'pin_memory' argument is set as true but no accelerator is found")
+        warnings.filterwarnings("ignore", "'pin_memory' argument is set as true")  # torch says pinning is off
         batch = next(iter(DataLoader(data, batch_size=16, pin_memory=True)))
-    gates.check("pin_memory=True on a machine without CUDA: batch tensors pinned (image, label)",
+    gates.check("pin_memory=True on a machine without an accelerator: batch tensors pinned (image, label)",
                 [batch["image"].is_pinned(), batch["label"].is_pinned()], "==", [False, False])
 
 

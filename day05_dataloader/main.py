@@ -106,12 +106,10 @@ def make_loader(dataset, batch_size: int = 256, shuffle: bool = True, num_worker
 
 
 def collate_with_worker(batch: list[dict]) -> dict:
-    """default_collate plus the id and process id of the worker that built the batch (collate_fn runs inside the
-    worker)."""
+    """default_collate plus the id of the worker that built the batch (collate_fn runs inside the worker)."""
     out = default_collate(batch)
     info = get_worker_info()
     out["worker"] = info.id if info else -1
-    out["pid"] = os.getpid()
     return out
 
 

@@ -242,6 +242,43 @@ def test_merged_lora_weights_give_the_same_output_with_no_extra_parameters(lever
                 "==", 0)
 
 
+# --- lever 6: 8-bit AdamW (torchao), measured -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def eight_bit():
+    """AdamW and torchao's AdamW8bit from the same weights, 4 steps each on the lab's batch; AdamW8bit eager (its
+    compiled step would first compile for half a minute on a fresh machine: the same states, a faster step)."""
+    cfg = levers_lab.Config()
+    runs = {}
+    for name, optimizer in (("adamw", torch.optim.AdamW), ("adamw8bit", levers_lab.adamw8bit())):
+        torch.manual_seed(cfg.seed)
+        model = day.TinyGPT(day.GPTConfig())
+        runs[name] = levers_lab.train_and_count(model, 4, cfg.batch, cfg.lr, optimizer, eager=True)
+        runs[name]["large_tensors"] = sum(p.numel() >= 4096 for p in model.parameters())
+    return runs
+
+
+def test_8bit_adamw_keeps_its_states_in_under_2_5_bytes_per_parameter(eight_bit):
+    full, q = eight_bit["adamw"], eight_bit["adamw8bit"]
+    gates.check("AdamW8bit: optimizer-state bytes per parameter (the tiny GPT, small tensors kept in fp32)",
+                q["state_bytes"] / q["params"], "<=", 2.5)
+    gates.check("torch AdamW: optimizer-state bytes per parameter, the 4-byte step counters left out",
+                (full["state_bytes"] - 4 * len(list(day.TinyGPT(day.GPTConfig()).parameters()))) / full["params"],
+                "==", 8.0)
+
+
+def test_8bit_states_are_the_calculators_2_bytes_plus_block_scales_code_maps_and_step_counters(eight_bit):
+    q, codes = eight_bit["adamw8bit"], memcalc.SETUPS["amp-adamw8bit"][2]  # 2: m and v, 1 byte each
+    n, tensors = q["large_params"], q["large_tensors"]
+    expected = codes * n + 2 * 4 * n // 256 + tensors * (2 * 256 * 4 + 4)  # fp32 scale per 256, code map, step
+    gates.check("AdamW8bit: state bytes of the quantised tensors / (the calculator's 2 bytes per parameter + fp32 "
+                "block scales + code maps + step counters)", q["large_state_bytes"] / expected, "==", 1.0)
+
+
+def test_8bit_adamw_trains_like_adamw(eight_bit):
+    gates.check("loss after 4 steps from the same weights: |AdamW8bit / AdamW - 1|",
+                abs(eight_bit["adamw8bit"]["last_loss"] / eight_bit["adamw"]["last_loss"] - 1), "<=", 0.02)
+
+
 # --- CUDA: the same claims read from the caching allocator -------------------------------------------------
 @pytest.fixture(scope="module")
 def cuda_model():

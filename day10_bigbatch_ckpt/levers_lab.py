@@ -7,15 +7,25 @@ On Day 10's tiny GPT, each trained for a few AdamW steps on one batch:
   2. LoRA: every attention projection (qkv, proj) becomes `LoRALinear`, a frozen base plus B @ A of rank r. Trainable
      parameters, gradient bytes and optimizer-state bytes against full fine-tuning; the trained adapter merged into
      the weights gives the same output with no extra parameters;
-  3. offload and 8-bit optimizers: no maintained library for either is in this repo's lock file, so they are priced
-     with the calculator (`memcalc.py levers`), each with what it costs.
+  3. 8-bit AdamW: torchao's `AdamW8bit` (each moment of a tensor of >= 4,096 values as 1-byte codes with an fp32
+     scale per block of 256; smaller tensors keep fp32 moments) against `torch.optim.AdamW` from the same weights:
+     the state bytes per parameter read from the state tensors (a quantised state's codes, scales and code map
+     counted), the losses, the step time. torchao compiles its step with torch.compile (the first step of a fresh
+     machine then takes half a minute on a CPU); `--eager-8bit` runs it uncompiled (the gates do: the same bytes);
+  4. offload: no maintained CPU-only path exists (FSDP2's CPUOffloadPolicy needs a GPU), so it is priced with the
+     calculator (`memcalc.py levers`), with what it costs, as is 8-bit at the curriculum's sizes.
 
 Run:   python day10_bigbatch_ckpt/levers_lab.py                                  (writes under runs/)
+       python day10_bigbatch_ckpt/levers_lab.py --eager-8bit                     (AdamW8bit without torch.compile)
        python day10_bigbatch_ckpt/levers_lab.py --out day10_bigbatch_ckpt/results (refreshes the committed figures)
 """
 import copy
+import logging
 import math
+import statistics
 import sys
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,25 +98,61 @@ def logits(model: TinyGPT, idx, targets) -> torch.Tensor:
     return seen[0]
 
 
-def train_and_count(model: TinyGPT, steps: int, batch: int, lr: float) -> dict:
-    """A few AdamW steps on one batch (every parameter handed to the optimizer); then what each part holds."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+def storages(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding `t`: itself, or the inner tensors of a tensor subclass (torchao's 8-bit state)."""
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return [s for name in names for s in storages(getattr(t, name))]
+    return [t]
+
+
+def state_bytes(optimizer: torch.optim.Optimizer, params=None) -> int:
+    """Bytes of the optimizer's state tensors (of `params` only, if given), each storage counted once."""
+    keep = None if params is None else {id(p) for p in params}
+    found = {s.untyped_storage().data_ptr(): s.untyped_storage().nbytes()
+             for p, state in optimizer.state.items() if keep is None or id(p) in keep
+             for t in state.values() if torch.is_tensor(t) for s in storages(t)}
+    return sum(found.values())
+
+
+def adamw8bit() -> type:
+    """torchao's AdamW8bit, imported when used (it takes 1.5 s). Muted: torch's log lines about an Enum torchao
+    registers with torch.compile and about compiling without a CUDA runtime, and a warning on torchao's state class
+    (torchao's to fix, not the learner's)."""
+    for logger in ("torch.utils._pytree", "torch.utils.cpp_extension"):
+        logging.getLogger(logger).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", "OptimState8bit does not implement _stable_hash_for_caching")  # torchao's too
+    from torchao.optim import AdamW8bit
+
+    return AdamW8bit
+
+
+def train_and_count(model: TinyGPT, steps: int, batch: int, lr: float, optimizer_class=torch.optim.AdamW,
+                    eager: bool = False) -> dict:
+    """A few steps on one batch (every parameter handed to the optimizer); then what each part holds, and the median
+    step time after the first (which pays for any compilation). `eager`: torch.compile directives ignored."""
+    optimizer = optimizer_class(model.parameters(), lr=lr)
     idx, targets = make_batch(model.cfg, batch)
-    losses = []
-    for _ in range(steps):
-        loss = model(idx, targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses, seconds = [], []
+    with torch.compiler.set_stance("force_eager" if eager else "default"):
+        for _ in range(steps):
+            start = time.perf_counter()
+            loss = model(idx, targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            seconds.append(time.perf_counter() - start)
     frozen = [p for p in model.parameters() if not p.requires_grad]
-    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    large = [p for p in model.parameters() if p.numel() >= 4096]  # the tensors torchao quantises
     return {"params": count_params(model, trainable_only=False), "trainable": count_params(model),
             "grad_bytes": sum(p.grad.nbytes for p in model.parameters() if p.grad is not None),
-            "state_bytes": sum(t.nbytes for t in state),
+            "state_bytes": state_bytes(optimizer), "large_params": sum(p.numel() for p in large),
+            "large_state_bytes": state_bytes(optimizer, large),
             "frozen_with_grad": sum(p.grad is not None for p in frozen),
             "frozen_with_state": sum(p in optimizer.state for p in frozen),
-            "first_loss": losses[0], "last_loss": losses[-1]}
+            "first_loss": losses[0], "last_loss": losses[-1], "losses": losses,
+            "first_step_s": seconds[0], "step_ms": 1000 * statistics.median(seconds[1:])}
 
 
 @dataclass
@@ -116,6 +162,7 @@ class Config:
     batch: int = arg(8, "batch size", gt=0)
     lr: float = arg(3e-3, "AdamW learning rate", gt=0)
     seed: int = arg(0, "seed of the initial weights", ge=0)
+    eager_8bit: bool = arg(False, "run AdamW8bit's step without torch.compile (no compile time; a slower step)")
 
     def __post_init__(self):
         validate(self)
@@ -127,7 +174,8 @@ def run_lab(cfg: Config) -> dict:
         return TinyGPT(GPTConfig())
 
     result = {"config": vars(cfg).copy(), "full": train_and_count(fresh(), cfg.steps, cfg.batch, cfg.lr),
-              "frozen": train_and_count(freeze_all_but_last_block(fresh()), cfg.steps, cfg.batch, cfg.lr)}
+              "frozen": train_and_count(freeze_all_but_last_block(fresh()), cfg.steps, cfg.batch, cfg.lr),
+              "adamw8bit": train_and_count(fresh(), cfg.steps, cfg.batch, cfg.lr, adamw8bit(), cfg.eager_8bit)}
     base = fresh().eval()
     lora = add_lora(copy.deepcopy(base), cfg.rank).eval()
     idx, targets = make_batch(base.cfg, cfg.batch, seed=1)
@@ -158,7 +206,7 @@ def report(r: dict) -> str:
     full = r["full"]
     lines = ["| variant | parameters | trainable | gradient bytes | optimizer-state bytes | frozen with a gradient | "
              "frozen with optimizer state | loss: first -> last step |", "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for name in ("full", "frozen", "lora"):
+    for name in ("full", "frozen", "lora", "adamw8bit"):
         v = r[name]
         lines.append(f"| {LABELS[name].format(**r['config'])} | {v['params']:,} | {v['trainable']:,} "
                      f"({v['trainable'] / full['trainable']:.1%}) | {v['grad_bytes']:,} | {v['state_bytes']:,} "
@@ -170,15 +218,31 @@ def report(r: dict) -> str:
               f"{r['lora_start_diff']:.3g} (B starts at zero).",
               f"- merged weights vs the trained adapter: max |logit difference| {r['merged_max_diff']:.3g} "
               f"(allclose at rtol = atol = 1e-5: ratio {r['merged_allclose_ratio']:.3g} <= 1); the merged "
-              f"model has {r['merged_params']:,} parameters, the base model {r['base_params']:,}."]
+              f"model has {r['merged_params']:,} parameters, the base model {r['base_params']:,}.",
+              *eight_bit_lines(r)]
     for name, rows in r["calculator"].items():
         lines += ["", f"Calculator, {name} (`memcalc.py levers {CALCULATOR[name]}`):", "",
                   memcalc.levers_markdown(rows)]
     return "\n".join(lines)
 
 
+def eight_bit_lines(r: dict) -> list[str]:
+    full, q = r["full"], r["adamw8bit"]
+    compiled = f"compiled: its first step, compiling, took {q['first_step_s']:.1f} s"
+    if r["config"]["eager_8bit"]:
+        compiled = "eager (--eager-8bit)"
+    return [f"- 8-bit AdamW (torchao `AdamW8bit`, {compiled}): optimizer state {q['state_bytes'] / q['params']:.2f} "
+            f"bytes per parameter against AdamW's {full['state_bytes'] / full['params']:.2f}; on the "
+            f"{q['large_params']:,} parameters of the tensors it quantises, "
+            f"{q['large_state_bytes'] / q['large_params']:.3f} (the calculator's `amp-adamw8bit` row: 2, the code "
+            f"of each moment; the rest is fp32 block scales and each state's 256-entry code map). Loss after "
+            f"{r['config']['steps']} steps {q['last_loss']:.3f} against AdamW's {full['last_loss']:.3f}; median step "
+            f"{q['step_ms']:.1f} ms against {full['step_ms']:.1f} ms."]
+
+
 LABELS = {"full": "full fine-tuning", "frozen": "frozen embeddings + blocks 1-3 (last block and ln_f train)",
-          "lora": "LoRA r={rank} on attention qkv + proj, base frozen"}
+          "lora": "LoRA r={rank} on attention qkv + proj, base frozen",
+          "adamw8bit": "full fine-tuning, torchao AdamW8bit"}
 
 
 def main(argv=None) -> dict:

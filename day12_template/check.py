@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn as nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -1099,18 +1100,22 @@ def test_memory_estimate_within_15_percent_of_the_cpu_step_peak(batch):
 MUON_GATE_STEPS = 60  # the lab trains 240 steps; the gate repeats its comparison, shorter
 
 
-def test_muon_gets_the_blocks_matrices_and_adamw_the_embeddings_and_norms():
+def test_muon_gets_the_blocks_linear_weights_and_adamw_the_embeddings_and_norms():
     cfg = config.load(str(muon_lab.CONFIG), [])
     model = models.build(cfg.model, memory.info_of(cfg), device="meta")
     muon, adamw = muon_lab.optimizers(model, cfg, "muon", lr=0.02, adamw_lr=3e-3)
     names = {id(p): n for n, p in model.named_parameters()}
-    got = {type(opt).__name__: sorted(names[id(p)] for g in opt.param_groups for p in g["params"])
-           for opt in (muon, adamw)}
-    gates.check("Muon's parameters: every 2-D weight of the blocks, nothing else", got["Muon"], "==",
-                sorted(n for n, p in model.named_parameters() if n.startswith("blocks.") and p.ndim == 2))
-    gates.check("AdamW's parameters beside it: the rest (tied token embedding, position embedding, LayerNorm gains)",
-                got["AdamW"], "==", sorted(n for n, p in model.named_parameters() if n not in got["Muon"]))
-    assert "wte.weight" in got["AdamW"] and len(got["Muon"]) == 4 * cfg.model.gpt.n_layer
+
+    def held(group) -> list[str]:
+        return sorted(names[id(p)] for p in group["params"])
+
+    linear = sorted(f"blocks.{path}.weight" for path, m in model.blocks.named_modules() if isinstance(m, nn.Linear))
+    gates.check("Muon's parameters: the weight of every nn.Linear in the blocks, nothing else",
+                held(muon.param_groups[0]), "==", linear)
+    gates.check("AdamW's groups beside it: decayed (the token embedding, tied to the head; the position embedding), "
+                "not decayed (LayerNorm gains)", [held(g) for g in adamw.param_groups], "==",
+                [["wpe.weight", "wte.weight"], sorted(n for n, p in model.named_parameters() if p.ndim == 1)])
+    assert model.lm_head.weight is model.wte.weight and len(linear) == 4 * cfg.model.gpt.n_layer
 
 
 @pytest.mark.slow

@@ -67,8 +67,8 @@ def build_model(cfg: config.Config, info, d: distributed.Dist) -> torch.nn.Modul
 
 
 def build_optimizer(model, cfg: config.Optim) -> torch.optim.Optimizer:
-    """AdamW with decay on weight matrices only: pulling biases, norm gains and position embeddings toward 0 does not
-    regularise. (A tied embedding is one parameter: it is decayed once.)"""
+    """AdamW with decay on weight matrices only (embeddings included, as nanoGPT): pulling biases and norm gains toward
+    0 does not regularise. (A tied embedding is one parameter: it is decayed once.)"""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
                               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
