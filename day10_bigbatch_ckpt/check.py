@@ -204,7 +204,7 @@ def test_calculator_rejects_a_bad_value_naming_the_field(argv, field, capsys):
 # --- levers 4-6: freezing and LoRA (levers_lab.py) -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def levers():
-    return levers_lab.run_lab(levers_lab.Config())
+    return levers_lab.run_lab(levers_lab.Config(), eight_bit=False)  # AdamW8bit: the eight_bit fixture
 
 
 def test_frozen_parameters_get_no_gradient_and_no_optimizer_state(levers):
