@@ -47,6 +47,7 @@ import doctor  # noqa: E402
 import faults  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
+import drills_lab  # noqa: E402
 import muon_lab  # noqa: E402
 import runlog  # noqa: E402
 import runlock  # noqa: E402
@@ -60,7 +61,8 @@ from faults import Faults  # noqa: E402
 from sprint.gates import Gates, run_this_file  # noqa: E402
 
 gates = Gates(__file__)
-for _m in (checkpoint, config, data, demo, doctor, faults, memory, models, muon_lab, runlog, train, checks):
+for _m in (checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, runlog, train,
+           checks):
     assert HERE in Path(_m.__file__).parents, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
 
 # A tiny run: generated data, a small MLP with dropout, 16 steps per epoch, 2 epochs, a checkpoint every 3 steps.
@@ -1127,6 +1129,28 @@ def test_muon_beats_adamw_at_equal_steps_on_both_seeds_at_the_labs_learning_rate
             for name, c in chosen.items() for seed in (0, 1)}
     gates.check(f"the GPT, {MUON_GATE_STEPS} steps at the lab's learning rates: Muon's val loss / AdamW's, worse of "
                 f"seeds 0 and 1", max(loss["muon", s] / loss["adamw", s] for s in (0, 1)), "<", 1.0)
+
+
+# --- the engineering chapter's drills (drills_lab.py) ----------------------------------------------------------------
+def test_the_tensorboard_event_file_holds_every_logged_curve(smoke):
+    curves = drills_lab.tensorboard_curves(smoke["out"])
+    logged = [r for r in runlog.read_metrics(smoke["out"]) if r["kind"] == "train"]
+    gates.check("TensorBoard's reader on the smoke run's tb/: points of train/loss, vs records in metrics.jsonl",
+                curves["points"]["train/loss"], "==", len(logged))
+    assert {"train/loss", "train/lr", "val/val_loss", "val/val_acc"} <= set(curves["tags"]), curves["tags"]
+
+
+def test_resuming_without_the_optimizer_state_changes_the_run_after_its_first_step(tmp_path):
+    values = {**TINY_LM, "model.gpt.dropout": 0.0, "train.steps": 16, "train.eval_every": 8,
+              "checkpoint.every_steps": 8}
+    train.run(cfg_of(values, tmp_path / "uninterrupted"))
+    train.run(cfg_of({**values, "train.max_steps": 8}, tmp_path / "stopped"))
+    drills_lab.without_optimizer_state(tmp_path / "stopped" / "ckpt-00000008.pt", tmp_path / "model-only.pt")
+    train.run(cfg_of({**values, "checkpoint.resume": str(tmp_path / "model-only.pt")}, tmp_path / "model-only"))
+    reference, got = train_records(tmp_path / "uninterrupted"), train_records(tmp_path / "model-only")
+    gates.check("resumed at step 8 without AdamW's moments: is step 9's loss (the checkpoint's weights) the "
+                "uninterrupted run's; steps 10-16 whose loss differs", [got[9]["loss"] == reference[9]["loss"],
+                sum(got[s]["loss"] != reference[s]["loss"] for s in range(10, 17))], "==", [True, 7])
 
 
 # --- torchrun: DDP and FSDP2 (two launches cover every distributed gate) ---------------------------------------------

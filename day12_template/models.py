@@ -14,8 +14,9 @@ and `[model.my_net]` in a config file (or `--set model.my_net.hidden=512`) sets 
 its repeated layers in `self.blocks`: they become the units of activation checkpointing
 (`model.activation_checkpointing`) and of FSDP sharding (`fully_shard`). It initialises itself through
 `init_tensor(name, tensor, generator)`: the rule for one parameter or buffer (a computed buffer, such as a mask:
-computed again), filled whole from `generator` (see `init_weights`: this is what lets FSDP build the model without any rank ever holding all of it; a model without one
-gets its layers' default init, and under FSDP each rank builds it whole before sharding it).
+computed again), filled whole from `generator`. That is what lets FSDP build the model without any rank ever holding
+all of it (see `init_weights`); a model without one gets its layers' default init, and under FSDP each rank builds it
+whole before sharding it.
 """
 import functools
 import math

@@ -5,9 +5,9 @@ and 4 CPU ranks (gloo), next to the six-week plan's formulas.
 
 Per rank, from the live tensors (an FSDP2 parameter is a DTensor: its local shard is what the rank holds): parameter,
 gradient and AdamW-state bytes; the peak of building the model (train.build_model: on the meta device, sharded
-there under FSDP2, then materialised and initialised); the peak a steady training step allocates above what was live before it (the
-profiler's allocation record, the CPU stand-in for torch.cuda.max_memory_allocated); and the bytes it sends per
-optimizer step, counted from the collectives it calls (DDP's gradient buckets through a comm hook; FSDP2's
+there under FSDP2, then materialised and initialised); the peak a steady training step allocates above what was live
+before it (the profiler's allocation record, the CPU stand-in for torch.cuda.max_memory_allocated); and the bytes it
+sends per optimizer step, counted from the collectives it calls (DDP's gradient buckets through a comm hook; FSDP2's
 all-gathers and reduce-scatters) as a ring algorithm sends them: all-reduce 2(N-1)/N of the payload, all-gather and
 reduce-scatter (N-1)/N. Formulas (fp32 weights, gradients and two AdamW moments, Psi parameters): DDP 16 Psi per
 rank, ZeRO-3 16 Psi / N; the all-reduce volume of DDP 2(N-1)/N * 4 Psi.

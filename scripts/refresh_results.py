@@ -37,7 +37,8 @@ STEPS: dict[int, list[tuple[str, list[str], dict]]] = {
          ("day10_bigbatch_ckpt/levers_lab.py", [], {})],
     11: [("day11_profile/main.py", [], {}), ("day11_profile/compile_lab.py", [], {})],
     12: [("day12_template/main.py", [], {}), ("day12_template/bench.py", [], {}),
-         ("day12_template/zero_lab.py", [], {}), ("day12_template/muon_lab.py", [], {})],
+         ("day12_template/zero_lab.py", [], {}), ("day12_template/muon_lab.py", [], {}),
+         ("day12_template/drills_lab.py", [], {})],
 }
 
 

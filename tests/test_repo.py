@@ -345,14 +345,16 @@ def lock_problems(lock: str, env: dict, where: str = "here") -> list[str]:
 
 
 def version_problems(lock: str) -> list[str]:
-    """Pins that differ from what is installed here (the metadata read above) or break a requirement's range."""
-    pinned, problems = pins(lock), []
+    """Pins that differ from what is installed here (the metadata read above) or break a requirement's range (one
+    that applies here: not an optional extra's, such as torchao's `dev` pin of pytest)."""
+    pinned, problems, env = pins(lock), [], {**default_environment(), "extra": ""}
     for name, (version, _) in pinned.items():
         if (meta := installed(name)) is not None and meta[0] != version:
             problems.append(f"{name}: installed {meta[0]}, pinned {version} (install the lock first)")
         for req in meta[1] if meta else ():
             child = canonicalize_name(req.name)
-            if child in pinned and not req.specifier.contains(pinned[child][0], prereleases=True):
+            applies = req.marker is None or req.marker.evaluate(env)
+            if applies and child in pinned and not req.specifier.contains(pinned[child][0], prereleases=True):
                 problems.append(f"{child}=={pinned[child][0]} breaks {name}'s requirement {req}")
     return problems
 

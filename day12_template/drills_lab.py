@@ -1,0 +1,157 @@
+"""drills_lab.py — the engineering chapter's hands-on drills, run on the template's GPT (shakespeare_cpu.toml) and
+measured, each through train.py's own `run`:
+
+    python drills_lab.py --out results          # results/drills.json and drills.md
+
+1. A too-high learning rate: lr 1e-2 (ten times the config's) for STEPS steps. Does the NaN stop fire, at which step,
+   and where does the loss end against the config's lr?
+2. Reproducibility: two runs of one seed, with and without `run.deterministic`: are their losses and final weights
+   bitwise equal, and does deterministic mode change anything on this machine?
+3. Resuming with the model only: a run stopped at the middle, resumed once from its full checkpoint and once from
+   the same checkpoint with the optimizer state removed (AdamW's moments restart at zero; the schedule, data order
+   and RNG are restored in both). The loss over the next JUMP_STEPS steps against the uninterrupted run.
+4. The TensorBoard curves: the uninterrupted run's event file read back with TensorBoard's own reader.
+"""
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+import checkpoint
+import config
+import runlog
+import train
+from troubleshoot import NonFinite
+
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE / "configs" / "shakespeare_cpu.toml"
+STEPS, JUMP_STEPS = 300, 50
+BASE = [f"train.steps={STEPS}", "train.eval_every=150", "train.log_every=1", "data.eval_windows=256",
+        "train.progress=off", "checkpoint.every_steps=150"]
+
+
+def launch(out: Path, name: str, *sets: str) -> Path:
+    """One template run of the drills' config into out/name; returns its run folder."""
+    run_dir = out / name
+    train.run(config.load(str(CONFIG), [*BASE, f"run.out_dir={run_dir}", *sets]))
+    return run_dir
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in runlog.read_metrics(run_dir) if r["kind"] == "train"}
+
+
+def high_lr(out: Path) -> dict:
+    """Drill 1: lr 1e-2 against the config's."""
+    try:
+        run_dir = launch(out, "lr1e-2", "optim.lr=1e-2")
+        stopped = None
+    except NonFinite as exc:
+        run_dir, stopped = out / "lr1e-2", str(exc).splitlines()[0]
+    high, base = losses(run_dir), losses(out / "uninterrupted")
+    return {"nan_stop": stopped, "steps_done": max(high), "last_loss": high[max(high)],
+            "config_lr_last_loss": base[STEPS], "config_lr": config.load(str(CONFIG), []).optim.lr}
+
+
+def same_seed(out: Path) -> dict:
+    """Drill 2: two runs of one seed, in each mode: differing losses and final state entries."""
+    result = {}
+    for deterministic in (False, True):
+        dirs = [launch(out, f"det{deterministic}-{k}", f"run.deterministic={str(deterministic).lower()}",
+                       "train.steps=100", "train.eval_every=100") for k in (0, 1)]
+        a, b = (losses(d) for d in dirs)
+        states = [checkpoint.load(d / "last.pt")["model"] for d in dirs]
+        result[f"deterministic={deterministic}"] = {
+            "losses_differing": sum(a[s] != b[s] for s in a),
+            "weights_differing": sum(not torch.equal(states[0][k], states[1][k]) for k in states[0]),
+            "last_loss": a[100]}
+    modes = [losses(out / f"det{d}-0") for d in (False, True)]
+    result["between_modes_losses_differing"] = sum(modes[0][s] != modes[1][s] for s in modes[0])
+    return result
+
+
+def without_optimizer_state(ckpt: Path, path: Path) -> None:
+    """A copy of a full-format checkpoint whose optimizer holds no state: the model, schedule, data order and RNG
+    resume, AdamW's moments and step counts start again from zero."""
+    payload = checkpoint.load(ckpt)
+    payload["optimizer"] = {**payload["optimizer"], "state": {}}
+    checkpoint.atomic_save(payload, path)
+
+
+def model_only_resume(out: Path) -> dict:
+    """Drill 3: the stopped run resumed with and without its optimizer state."""
+    half = STEPS // 2
+    stopped = launch(out, "stopped", f"train.max_steps={half}")
+    ckpt = stopped / f"ckpt-{half:08d}.pt"
+    without_optimizer_state(ckpt, out / "model-only.pt")
+    launch(out, "resumed-full", f"checkpoint.resume={ckpt}")
+    launch(out, "resumed-model-only", f"checkpoint.resume={out / 'model-only.pt'}")
+    reference = losses(out / "uninterrupted")
+    after = range(half + 1, half + JUMP_STEPS + 1)
+    result = {"resumed_at": half}
+    for name in ("resumed-full", "resumed-model-only"):
+        got = losses(out / name)
+        gaps = [got[s] - reference[s] for s in after]
+        result[name] = {"max_gap": max(gaps, key=abs), "mean_gap": sum(gaps) / len(gaps), "first_gap": gaps[0],
+                        "losses_differing": sum(g != 0 for g in gaps)}
+    return result
+
+
+def tensorboard_curves(run_dir: Path) -> dict:
+    """Drill 4: the scalars TensorBoard would plot, read back from the event file."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    return {"tags": sorted(tags), "points": {tag: len(events.Scalars(tag)) for tag in tags},
+            "last_train_loss": events.Scalars("train/loss")[-1].value}
+
+
+def markdown(res: dict) -> str:
+    lr, seed, resume, tb = res["high_lr"], res["same_seed"], res["resume"], res["tensorboard"]
+    fired = f"fired: {lr['nan_stop']}" if lr["nan_stop"] else f"did not fire in {lr['steps_done']} steps"
+    lines = [f"`{res['config']}`'s GPT, {STEPS} steps per run; {res['machine']}, torch {res['torch']}, "
+             f"{res['threads']} threads.", "",
+             "| drill | measured |", "|---|---|",
+             f"| lr 1e-2 (the config's: {lr['config_lr']:g}) | the NaN stop {fired}; training loss at the last "
+             f"step {lr['last_loss']:.3f} against {lr['config_lr_last_loss']:.3f} |"]
+    for mode in ("deterministic=False", "deterministic=True"):
+        m = seed[mode]
+        lines.append(f"| two runs of seed 0, `run.{mode.replace('=', ' = ').lower()}`, 100 steps | losses that "
+                     f"differ: {m['losses_differing']} of 100; final weight tensors that differ: "
+                     f"{m['weights_differing']} |")
+    lines.append(f"| deterministic on against off | losses that differ: {seed['between_modes_losses_differing']} "
+                 f"of 100 |")
+    for name, label in (("resumed-full", "full checkpoint"), ("resumed-model-only", "model only (no AdamW moments)")):
+        r = resume[name]
+        lines.append(f"| resumed at step {resume['resumed_at']} from the {label}: loss minus the uninterrupted "
+                     f"run's over the next {JUMP_STEPS} steps | first step {r['first_gap']:+.4f}, largest "
+                     f"{r['max_gap']:+.4f}, mean {r['mean_gap']:+.4f}; steps that differ: {r['losses_differing']} |")
+    lines.append(f"| TensorBoard event file, read back | {len(tb['tags'])} scalar curves "
+                 f"({', '.join(tb['tags'])}); train/loss has {tb['points']['train/loss']} points |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "runs" / "drills_lab")
+    args = parser.parse_args(argv)
+    scratch = HERE / "runs" / "drills_lab" / "runs"  # the drills' run folders, made afresh
+    shutil.rmtree(scratch, ignore_errors=True)
+    uninterrupted = launch(scratch, "uninterrupted")
+    res = {"config": CONFIG.name, "machine": runlog.cpu_name(), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "high_lr": high_lr(scratch), "same_seed": same_seed(scratch),
+           "resume": model_only_resume(scratch), "tensorboard": tensorboard_curves(uninterrupted)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "drills.json").write_text(json.dumps(res, indent=2) + "\n")
+    (args.out / "drills.md").write_text(markdown(res))
+    print(markdown(res))
+    print(f"wrote {args.out / 'drills.json'} and drills.md")
+    return res
+
+
+if __name__ == "__main__":
+    main()
