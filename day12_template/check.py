@@ -20,6 +20,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -38,6 +39,7 @@ sys.path.insert(0, str(ROOT))  # the repo's gate recorder
 sys.path.insert(0, str(HERE))  # the template's own modules, imported as the template imports them
 
 import checkpoint  # noqa: E402
+import compare_runs  # noqa: E402
 import config  # noqa: E402
 import consolidate  # noqa: E402
 import main as demo  # noqa: E402
@@ -1151,6 +1153,21 @@ def test_resuming_without_the_optimizer_state_changes_the_run_after_its_first_st
     gates.check("resumed at step 8 without AdamW's moments: is step 9's loss (the checkpoint's weights) the "
                 "uninterrupted run's; steps 10-16 whose loss differs", [got[9]["loss"] == reference[9]["loss"],
                 sum(got[s]["loss"] != reference[s]["loss"] for s in range(10, 17))], "==", [True, 7])
+
+
+def test_compare_runs_shows_the_changed_fields_and_the_mean_and_std_over_seeds(tmp_path, capsys):
+    folders = {(lr, seed): tmp_path / f"lr{lr}-seed{seed}" for lr, seed in ((3e-3, 0), (3e-3, 1), (1e-2, 0))}
+    for (lr, seed), folder in folders.items():
+        train.run(cfg_of({**TINY, "train.epochs": 1, "optim.lr": lr, "run.seed": seed}, folder))
+    capsys.readouterr()  # the runs' own output
+    assert compare_runs.main([str(f) for f in folders.values()]) == 0
+    header, _, *rows = capsys.readouterr().out.splitlines()
+    best = [min(r["val_loss"] for r in runlog.read_metrics(folders[3e-3, s]) if r["kind"] == "val") for s in (0, 1)]
+    gates.check("compare_runs.py, 3 runs: the columns of config fields it shows", header.split(" | ")[1:3], "==",
+                ["optim.lr", "run.seed"])
+    gates.check("... the lr 3e-3 group's row: 2 seeds, best val loss as mean ± std (recomputed from metrics.jsonl)",
+                rows[2].split(" | ")[2:4], "==", ["2 seeds", f"{statistics.mean(best):.4g} ± {statistics.stdev(best):.2g}"])
+    assert compare_runs.main([str(tmp_path)]) == 2 and "not a run folder" in capsys.readouterr().err
 
 
 # --- torchrun: DDP and FSDP2 (two launches cover every distributed gate) ---------------------------------------------
