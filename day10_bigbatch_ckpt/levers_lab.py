@@ -7,8 +7,8 @@ On Day 10's tiny GPT, each trained for a few AdamW steps on one batch:
   2. LoRA: every attention projection (qkv, proj) becomes `LoRALinear`, a frozen base plus B @ A of rank r. Trainable
      parameters, gradient bytes and optimizer-state bytes against full fine-tuning; the trained adapter merged into
      the weights gives the same output with no extra parameters;
-  3. 8-bit AdamW: torchao's `AdamW8bit` (each moment of a tensor of >= 4,096 values as 1-byte codes with an fp32
-     scale per block of 256; smaller tensors keep fp32 moments) against `torch.optim.AdamW` from the same weights:
+  3. 8-bit AdamW: torchao's `AdamW8bit` (each moment of a tensor of >= 4,096 values, a multiple of 256, as 1-byte
+     codes with an fp32 scale per block of 256; other tensors keep fp32 moments) against `torch.optim.AdamW` from the same weights:
      the state bytes per parameter read from the state tensors (a quantised state's codes, scales and code map
      counted), the losses, the step time. torchao compiles its step with torch.compile (the first step of a fresh
      machine then takes half a minute on a CPU); `--eager-8bit` runs it uncompiled (the gates do: the same bytes);
@@ -144,11 +144,12 @@ def train_and_count(model: TinyGPT, steps: int, batch: int, lr: float, optimizer
             losses.append(loss.item())
             seconds.append(time.perf_counter() - start)
     frozen = [p for p in model.parameters() if not p.requires_grad]
-    large = [p for p in model.parameters() if p.numel() >= 4096]  # the tensors torchao quantises
+    quantised = [p for p, state in optimizer.state.items() if hasattr(state.get("exp_avg"), "__tensor_flatten__")]
     return {"params": count_params(model, trainable_only=False), "trainable": count_params(model),
+            "tensors": len(list(model.parameters())),
             "grad_bytes": sum(p.grad.nbytes for p in model.parameters() if p.grad is not None),
-            "state_bytes": state_bytes(optimizer), "large_params": sum(p.numel() for p in large),
-            "large_state_bytes": state_bytes(optimizer, large),
+            "state_bytes": state_bytes(optimizer), "quantised_params": sum(p.numel() for p in quantised),
+            "quantised_tensors": len(quantised), "quantised_state_bytes": state_bytes(optimizer, quantised),
             "frozen_with_grad": sum(p.grad is not None for p in frozen),
             "frozen_with_state": sum(p in optimizer.state for p in frozen),
             "first_loss": losses[0], "last_loss": losses[-1], "losses": losses,
@@ -158,7 +159,7 @@ def train_and_count(model: TinyGPT, steps: int, batch: int, lr: float, optimizer
 @dataclass
 class Config:
     rank: int = arg(4, "LoRA rank r", gt=0)
-    steps: int = arg(20, "AdamW steps per variant", gt=0)
+    steps: int = arg(20, "AdamW steps per variant (the first is not timed)", ge=2)
     batch: int = arg(8, "batch size", gt=0)
     lr: float = arg(3e-3, "AdamW learning rate", gt=0)
     seed: int = arg(0, "seed of the initial weights", ge=0)
@@ -230,13 +231,13 @@ def report(r: dict) -> str:
 
 def eight_bit_lines(r: dict) -> list[str]:
     full, q = r["full"], r["adamw8bit"]
-    compiled = f"compiled: its first step, compiling, took {q['first_step_s']:.1f} s"
+    compiled = f"compiled: its first step (compiling, or reading the compile cache) took {q['first_step_s']:.1f} s"
     if r["config"]["eager_8bit"]:
         compiled = "eager (--eager-8bit)"
     return [f"- 8-bit AdamW (torchao `AdamW8bit`, {compiled}): optimizer state {q['state_bytes'] / q['params']:.2f} "
             f"bytes per parameter against AdamW's {full['state_bytes'] / full['params']:.2f}; on the "
-            f"{q['large_params']:,} parameters of the tensors it quantises, "
-            f"{q['large_state_bytes'] / q['large_params']:.3f} (the calculator's `amp-adamw8bit` row: 2, the code "
+            f"{q['quantised_params']:,} parameters of the tensors it quantises, "
+            f"{q['quantised_state_bytes'] / q['quantised_params']:.3f} (the calculator's `amp-adamw8bit` row: 2, the code "
             f"of each moment; the rest is fp32 block scales and each state's 256-entry code map). Loss after "
             f"{r['config']['steps']} steps {q['last_loss']:.3f} against AdamW's {full['last_loss']:.3f}; median step "
             f"{q['step_ms']:.1f} ms against {full['step_ms']:.1f} ms."]

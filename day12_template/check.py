@@ -1139,6 +1139,8 @@ def test_the_tensorboard_event_file_holds_every_logged_curve(smoke):
     logged = [r for r in runlog.read_metrics(smoke["out"]) if r["kind"] == "train"]
     gates.check("TensorBoard's reader on the smoke run's tb/: points of train/loss, vs records in metrics.jsonl",
                 curves["points"]["train/loss"], "==", len(logged))
+    gates.check("... its last train/loss point / the last record's loss - 1 (stored as float32)",
+                abs(curves["last_train_loss"] / logged[-1]["loss"] - 1), "<=", 1e-6)
     assert {"train/loss", "train/lr", "val/val_loss", "val/val_acc"} <= set(curves["tags"]), curves["tags"]
 
 

@@ -6,8 +6,10 @@
 One row per run: the config fields that differ between the runs (run.out_dir left out), the best validation loss
 and its step, and the test figures (best.pt's). Runs whose configs differ only in `run.seed` form a group, and each
 group gets one more row: the mean ± sample standard deviation of those figures over its seeds, which is the figure
-to compare (one seed's difference is often noise). What it reads: each folder's config.toml and metrics.jsonl.
-Exit codes: 0 done; 2 a folder that is not a finished-or-stopped run of this template (one line naming it).
+to compare (one seed's difference is often noise). What it reads: each folder's config.toml and metrics.jsonl; a
+run still going, or stopped before its test, shows "—" for the figures it has not reached. Fields that do not change
+what is trained (logging, checkpointing, workers, profiling) and the tables of models a run does not use are left out.
+Exit codes: 0 done; 2 a folder without config.toml, metrics.jsonl or a validation record (one line naming it).
 """
 import argparse
 import statistics
@@ -18,7 +20,9 @@ from pathlib import Path
 import config
 import runlog
 
-IGNORED = {"run.out_dir", "checkpoint.resume"}  # where a run lives and how it started: not what it is
+# where a run lives, how it started, what it logs and saves: not what it trains
+IGNORED = ("run.out_dir", "checkpoint.", "train.progress", "train.log_every", "data.num_workers", "data.pin_memory",
+           "profile.")
 
 
 def read_run(run_dir: Path) -> dict:
@@ -26,6 +30,9 @@ def read_run(run_dir: Path) -> dict:
     if not (run_dir / "config.toml").is_file() or not (run_dir / "metrics.jsonl").is_file():
         raise config.ConfigError(f"{run_dir} is not a run folder of this template (no config.toml or metrics.jsonl)")
     cfg = config.flatten(config.to_dict(config.load(str(run_dir / "config.toml"), [])))
+    unused = [k for k in cfg if k.startswith("model.") and k.count(".") == 2 and k.split(".")[1] != cfg["model.name"]]
+    for key in unused:  # the tables of the models this run does not build
+        del cfg[key]
     records = runlog.read_metrics(run_dir)
     val = [r for r in records if r["kind"] == "val"]
     if not val:
@@ -39,7 +46,7 @@ def read_run(run_dir: Path) -> dict:
 
 def differing(runs: list[dict]) -> list[str]:
     """The config fields whose values are not the same in every run."""
-    keys = sorted(set().union(*(r["config"] for r in runs)) - IGNORED)
+    keys = sorted(k for k in set().union(*(r["config"] for r in runs)) if not k.startswith(IGNORED))
     return [k for k in keys if len({repr(r["config"].get(k)) for r in runs}) > 1]
 
 
@@ -51,10 +58,17 @@ def groups(runs: list[dict], fields: list[str]) -> dict[tuple, list[dict]]:
     return out
 
 
-def mean_std(values: list[float]) -> str:
+def number(value) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
+
+
+def mean_std(values: list) -> str:
+    """The mean ± sample standard deviation, or the one value there is ("n=1"), or "—"."""
     if len(values) < 2:
-        return f"{values[0]:.4g}"
-    return f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g}"
+        return f"{number(values[0])} (n=1)" if values else "—"
+    return f"{number(statistics.mean(values))} ± {statistics.stdev(values):.2g}"
 
 
 def table(runs: list[dict]) -> str:
@@ -64,12 +78,12 @@ def table(runs: list[dict]) -> str:
              "|---|" + "---|" * len(fields) + "---:|" * len(figures)]
     for members in groups(runs, fields).values():
         for r in members:
-            cells = [str(r["config"].get(f, "—")) for f in fields] + [f"{r['figures'].get(n, float('nan')):.4g}"
-                                                                       for n in figures]
+            cells = [str(r["config"].get(f, "—")) for f in fields] + [number(r["figures"].get(n)) for n in figures]
             lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
         if len(members) > 1:
-            cells = [str(members[0]["config"].get(f, "—")) if f != "run.seed" else f"{len(members)} seeds"
-                     for f in fields]
+            cells = [str(members[0]["config"].get(f, "—")) for f in fields]
+            if "run.seed" in fields:
+                cells[fields.index("run.seed")] = f"{len(members)} seeds"
             cells += [mean_std([r["figures"][n] for r in members if n in r["figures"]]) for n in figures]
             lines.append("| **mean ± std** | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -84,7 +98,7 @@ def plot(runs: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for r in runs:
         steps, losses = zip(*r["curve"])
-        ax.plot(steps, losses, marker="o", label=Path(r["name"]).name)
+        ax.plot(steps, losses, marker="o", label=r["name"])
     ax.set(xlabel="optimizer step", ylabel="validation loss", title="Validation loss per run")
     ax.legend(fontsize=8)
     fig.tight_layout()

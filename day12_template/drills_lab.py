@@ -4,13 +4,16 @@ measured, each through train.py's own `run`:
     python drills_lab.py --out results          # results/drills.json and drills.md
 
 1. A too-high learning rate: lr 1e-2 (ten times the config's) for STEPS steps. Does the NaN stop fire, at which step,
-   and where does the loss end against the config's lr?
-2. Reproducibility: two runs of one seed, with and without `run.deterministic`: are their losses and final weights
-   bitwise equal, and does deterministic mode change anything on this machine?
-3. Resuming with the model only: a run stopped at the middle, resumed once from its full checkpoint and once from
-   the same checkpoint with the optimizer state removed (AdamW's moments restart at zero; the schedule, data order
-   and RNG are restored in both). The loss over the next JUMP_STEPS steps against the uninterrupted run.
+   and where does the validation loss end against the config's lr?
+2. Reproducibility: two runs of one seed (100 steps), with and without `run.deterministic`: are their losses and
+   final weights bitwise equal, and does deterministic mode change anything on this machine?
+3. Resuming without the optimizer state: a run stopped at the middle, resumed once from its full checkpoint and once
+   from the same checkpoint with the optimizer's per-parameter state removed (AdamW's moments and step counts start
+   again from zero; its settings, the schedule, data order and RNG are restored in both). The loss over the next
+   JUMP_STEPS steps against the uninterrupted run. (The template's weights-only start, checkpoint.init_from, also
+   restarts the step count, the warmup and the data order: a bigger change than this one.)
 4. The TensorBoard curves: the uninterrupted run's event file read back with TensorBoard's own reader.
+The drills' run folders go to runs/drills_lab/runs/ (git-ignored) whatever --out says.
 """
 import argparse
 import json
@@ -27,7 +30,7 @@ from troubleshoot import NonFinite
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "configs" / "shakespeare_cpu.toml"
-STEPS, JUMP_STEPS = 300, 50
+STEPS, JUMP_STEPS, SEED_STEPS = 300, 50, 100
 BASE = [f"train.steps={STEPS}", "train.eval_every=150", "train.log_every=1", "data.eval_windows=256",
         "train.progress=off", "checkpoint.every_steps=150"]
 
@@ -39,20 +42,21 @@ def launch(out: Path, name: str, *sets: str) -> Path:
     return run_dir
 
 
-def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in runlog.read_metrics(run_dir) if r["kind"] == "train"}
+def losses(run_dir: Path, kind: str = "train", key: str = "loss") -> dict[int, float]:
+    return {r["step"]: r[key] for r in runlog.read_metrics(run_dir) if r["kind"] == kind}
 
 
-def high_lr(out: Path) -> dict:
-    """Drill 1: lr 1e-2 against the config's."""
+def high_lr(out: Path, reference: Path) -> dict:
+    """Drill 1: lr 1e-2 against the config's (the `reference` run)."""
     try:
         run_dir = launch(out, "lr1e-2", "optim.lr=1e-2")
         stopped = None
     except NonFinite as exc:
         run_dir, stopped = out / "lr1e-2", str(exc).splitlines()[0]
-    high, base = losses(run_dir), losses(out / "uninterrupted")
-    return {"nan_stop": stopped, "steps_done": max(high), "last_loss": high[max(high)],
-            "config_lr_last_loss": base[STEPS], "config_lr": config.load(str(CONFIG), []).optim.lr}
+    val = losses(run_dir, "val", "val_loss")
+    return {"nan_stop": stopped, "steps_done": max(losses(run_dir), default=0), "val_loss": val.get(STEPS),
+            "config_lr_val_loss": losses(reference, "val", "val_loss")[STEPS],
+            "config_lr": config.load(str(CONFIG), []).optim.lr}
 
 
 def same_seed(out: Path) -> dict:
@@ -60,13 +64,13 @@ def same_seed(out: Path) -> dict:
     result = {}
     for deterministic in (False, True):
         dirs = [launch(out, f"det{deterministic}-{k}", f"run.deterministic={str(deterministic).lower()}",
-                       "train.steps=100", "train.eval_every=100") for k in (0, 1)]
+                       f"train.steps={SEED_STEPS}", f"train.eval_every={SEED_STEPS}") for k in (0, 1)]
         a, b = (losses(d) for d in dirs)
         states = [checkpoint.load(d / "last.pt")["model"] for d in dirs]
         result[f"deterministic={deterministic}"] = {
             "losses_differing": sum(a[s] != b[s] for s in a),
             "weights_differing": sum(not torch.equal(states[0][k], states[1][k]) for k in states[0]),
-            "last_loss": a[100]}
+            "last_loss": a[SEED_STEPS]}
     modes = [losses(out / f"det{d}-0") for d in (False, True)]
     result["between_modes_losses_differing"] = sum(modes[0][s] != modes[1][s] for s in modes[0])
     return result
@@ -103,7 +107,7 @@ def tensorboard_curves(run_dir: Path) -> dict:
     """Drill 4: the scalars TensorBoard would plot, read back from the event file."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run_dir / "tb"))
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})  # 0: every point, not 10,000
     events.Reload()
     tags = events.Tags()["scalars"]
     return {"tags": sorted(tags), "points": {tag: len(events.Scalars(tag)) for tag in tags},
@@ -112,20 +116,23 @@ def tensorboard_curves(run_dir: Path) -> dict:
 
 def markdown(res: dict) -> str:
     lr, seed, resume, tb = res["high_lr"], res["same_seed"], res["resume"], res["tensorboard"]
-    fired = f"fired: {lr['nan_stop']}" if lr["nan_stop"] else f"did not fire in {lr['steps_done']} steps"
-    lines = [f"`{res['config']}`'s GPT, {STEPS} steps per run; {res['machine']}, torch {res['torch']}, "
-             f"{res['threads']} threads.", "",
+    fired = f"did not fire in {lr['steps_done']} steps; validation loss after them {lr['val_loss']:.3f}"
+    if lr["nan_stop"]:
+        fired = f"fired after {lr['steps_done']} logged steps: {lr['nan_stop']}"
+    lines = [f"`{res['config']}`'s GPT, {STEPS} steps per run (the same-seed runs {SEED_STEPS}); {res['machine']}, "
+             f"torch {res['torch']}, {res['threads']} threads.", "",
              "| drill | measured |", "|---|---|",
-             f"| lr 1e-2 (the config's: {lr['config_lr']:g}) | the NaN stop {fired}; training loss at the last "
-             f"step {lr['last_loss']:.3f} against {lr['config_lr_last_loss']:.3f} |"]
+             f"| lr 1e-2 (the config's: {lr['config_lr']:g}, validation loss after {STEPS} steps "
+             f"{lr['config_lr_val_loss']:.3f}) | the NaN stop {fired} |"]
     for mode in ("deterministic=False", "deterministic=True"):
         m = seed[mode]
-        lines.append(f"| two runs of seed 0, `run.{mode.replace('=', ' = ').lower()}`, 100 steps | losses that "
-                     f"differ: {m['losses_differing']} of 100; final weight tensors that differ: "
+        lines.append(f"| two runs of seed 0, `run.{mode.replace('=', ' = ').lower()}` | losses that differ: "
+                     f"{m['losses_differing']} of {SEED_STEPS}; final weight tensors that differ: "
                      f"{m['weights_differing']} |")
     lines.append(f"| deterministic on against off | losses that differ: {seed['between_modes_losses_differing']} "
-                 f"of 100 |")
-    for name, label in (("resumed-full", "full checkpoint"), ("resumed-model-only", "model only (no AdamW moments)")):
+                 f"of {SEED_STEPS} |")
+    for name, label in (("resumed-full", "full checkpoint"),
+                        ("resumed-model-only", "checkpoint without the optimizer's state (moments, step counts)")):
         r = resume[name]
         lines.append(f"| resumed at step {resume['resumed_at']} from the {label}: loss minus the uninterrupted "
                      f"run's over the next {JUMP_STEPS} steps | first step {r['first_gap']:+.4f}, largest "
@@ -143,8 +150,9 @@ def main(argv=None) -> dict:
     shutil.rmtree(scratch, ignore_errors=True)
     uninterrupted = launch(scratch, "uninterrupted")
     res = {"config": CONFIG.name, "machine": runlog.cpu_name(), "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "high_lr": high_lr(scratch), "same_seed": same_seed(scratch),
-           "resume": model_only_resume(scratch), "tensorboard": tensorboard_curves(uninterrupted)}
+           "threads": torch.get_num_threads(), "high_lr": high_lr(scratch, uninterrupted),
+           "same_seed": same_seed(scratch), "resume": model_only_resume(scratch),
+           "tensorboard": tensorboard_curves(uninterrupted)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "drills.json").write_text(json.dumps(res, indent=2) + "\n")
     (args.out / "drills.md").write_text(markdown(res))
