@@ -14,7 +14,6 @@ Run:  python day12_template/bench.py                       (writes day12_templat
       python day12_template/bench.py --out day12_template/results
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -186,11 +185,7 @@ def main(argv=None) -> dict:
     res["gpt"] = gpt_figures(args.gpt_config, runs / f"template-{args.gpt_config.stem}-{args.repeats - 1}")
     print("scale-out ...", flush=True)
     res["scale_out"] = scale_out(args.config, runs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.json").write_text(json.dumps(res, indent=2) + "\n")
-    (args.out / "bench.md").write_text(markdown(res))
-    print(markdown(res))
-    print(f"wrote {args.out / 'bench.json'} and bench.md")
+    runlog.write_lab_results(args.out, "bench", res, markdown(res))
     return res
 
 

@@ -16,7 +16,6 @@ measured, each through train.py's own `run`:
 The drills' run folders go to runs/drills_lab/runs/ (git-ignored) whatever --out says.
 """
 import argparse
-import json
 import shutil
 from pathlib import Path
 
@@ -153,11 +152,7 @@ def main(argv=None) -> dict:
            "threads": torch.get_num_threads(), "high_lr": high_lr(scratch, uninterrupted),
            "same_seed": same_seed(scratch), "resume": model_only_resume(scratch),
            "tensorboard": tensorboard_curves(uninterrupted)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "drills.json").write_text(json.dumps(res, indent=2) + "\n")
-    (args.out / "drills.md").write_text(markdown(res))
-    print(markdown(res))
-    print(f"wrote {args.out / 'drills.json'} and drills.md")
+    runlog.write_lab_results(args.out, "drills", res, markdown(res))
     return res
 
 

@@ -53,13 +53,16 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_lab_results(out: Path, name: str, res: dict, markdown: str, plot) -> None:
-    """A lab's out/<name>.json, <name>.md (also printed) and <name>.png (drawn by plot(res, path))."""
+def write_lab_results(out: Path, name: str, res: dict, markdown: str, plot=None) -> None:
+    """A lab's out/<name>.json, <name>.md (also printed) and, with `plot`, <name>.png (drawn by plot(res, path))."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
     (out / f"{name}.md").write_text(markdown)
-    plot(res, out / f"{name}.png")
     print(markdown)
+    if plot is None:
+        print(f"wrote {out / name}.json and {name}.md")
+        return
+    plot(res, out / f"{name}.png")
     print(f"wrote {out / name}.json, {name}.md and {name}.png")
 
 

@@ -23,7 +23,6 @@ import functools
 import math
 import random
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
