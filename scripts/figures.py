@@ -340,7 +340,8 @@ def results_table() -> str:
         ["freezing, LoRA from scratch", "`python day10_bigbatch_ckpt/levers_lab.py`",
          "LoRA r={d10/levers.json:config.rank} trains {d10/levers.json:lora.trainable|,} of "
          "{d10/levers.json:full.trainable|,} parameters ({calc:day10_lora_share|.1%} of the optimizer state); merged "
-         "weights match the adapter to {d10/levers.json:merged_max_diff|.1e}"],
+         "weights match the adapter to {d10/levers.json:merged_max_diff|.1e}; torchao's AdamW8bit holds "
+         "{d10/levers.json:adamw8bit.state_bytes|,} bytes of state to AdamW's {d10/levers.json:full.state_bytes|,}"],
         ["profile → fix → re-measure", "`python day11_profile/main.py`",
          "data/step {calc:day11_ratio_naive|.0%} → {calc:day11_ratio_opt|.1%}; epoch {calc:day11_epoch_naive|.1f} s → "
          "{calc:day11_epoch_opt|.1f} s ({calc:day11_speedup|.1f}×) at {calc:day11_acc_opt|.2%} vs "
@@ -356,6 +357,15 @@ def results_table() -> str:
          "same files and model: tokens/s {calc:day12_nanogpt_speed|.2f}× nanoGPT's; val loss "
          "{d12/nanogpt.json:runs.template.val_loss_by_step.2000|.3f} vs {d12/nanogpt.json:runs.nanogpt.val_loss_by_step.2000|.3f} "
          "at 2,000 steps; nanoGPT's final loss in {calc:day12_nanogpt_time|.2f}× its time (tuned recipe)"],
+        ["Muon against AdamW on the GPT", "`python day12_template/muon_lab.py`",
+         "test loss after 240 steps {d12/muon.json:seeds.*.muon_at_steps|each:.3f|join: / } vs AdamW's "
+         "{d12/muon.json:seeds.*.adamw_at_steps|each:.3f|join: / } (seeds 0 / 1); at equal time "
+         "{d12/muon.json:seeds.*.muon_at_time|each:.3f|join: / } vs "
+         "{d12/muon.json:seeds.*.adamw_at_time|each:.3f|join: / }"],
+        ["the engineering chapter's drills on the GPT", "`python day12_template/drills_lab.py`",
+         "lr 1e-2: val loss {d12/drills.json:high_lr.val_loss|.3f} after {d12/drills.json:high_lr.steps_done} steps "
+         "(the config's lr: {d12/drills.json:high_lr.config_lr_val_loss|.3f}); a resume without the optimizer state: "
+         "up to {d12/drills.json:resume.resumed-model-only.max_gap|+.3f} nats over the next 50 steps"],
         ["template loop overhead, DDP scaling", "`python day12_template/bench.py`",
          "overhead against a bare loop {d12/bench.json:overhead.wall.overhead|+.1%} (wall), "
          "{d12/bench.json:overhead.cpu.overhead|+.1%} (CPU time); DDP 2 ranks "
