@@ -1101,7 +1101,7 @@ def test_memory_estimate_within_15_percent_of_the_cpu_step_peak(batch):
 
 
 # --- Muon against AdamW (muon_lab.py) -------------------------------------------------------------------------------
-MUON_GATE_STEPS = 60  # the lab trains 240 steps; the gate repeats its comparison, shorter
+MUON_GATE_STEPS = 40  # the lab trains 240 steps; the gate repeats its comparison, shorter
 
 
 def test_muon_gets_the_blocks_linear_weights_and_adamw_the_embeddings_and_norms():
