@@ -90,11 +90,7 @@ def table(runs: list[dict]) -> str:
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = runlog.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for r in runs:
         steps, losses = zip(*r["curve"])

@@ -171,15 +171,14 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+COLORS, SEED_LINES = {"adamw": "C0", "muon": "C1"}, {0: "-", 1: "--"}
+
+
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = runlog.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
     for r in res["runs"]:
-        style = {"color": "C0" if r["optimizer"] == "adamw" else "C1", "linestyle": "-" if r["seed"] == 0 else "--"}
+        style = {"color": COLORS[r["optimizer"]], "linestyle": SEED_LINES[r["seed"]]}
         label = f"{r['optimizer']} lr {r['lr']:g}, seed {r['seed']}"
         for ax, key in zip(axes, ("step", "seconds")):
             ax.plot([p[key] for p in r["curve"]], [p["val_loss"] for p in r["curve"]], label=label, **style)

@@ -53,6 +53,16 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed), imported when a plot is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def write_lab_results(out: Path, name: str, res: dict, markdown: str, plot=None) -> None:
     """A lab's out/<name>.json, <name>.md (also printed) and, with `plot`, <name>.png (drawn by plot(res, path))."""
     out.mkdir(parents=True, exist_ok=True)

@@ -94,7 +94,11 @@ def build_measured(cfg: config.Config, info, d: distributed.Dist) -> tuple[torch
     """train.build_model, and what it allocated at its peak, next to the bytes of the whole model and of its largest
     tensor (initialised whole, then cut to this rank's rows)."""
     built = []
-    peak = memory.allocation_peak(lambda: built.append(train.build_model(cfg, info, d)))
+
+    def build() -> None:
+        built.append(train.build_model(cfg, info, d))
+
+    peak = memory.allocation_peak(build)
     model = built[0]
     sizes = [p.numel() * p.element_size() for p in model.parameters()]  # a DTensor's numel is its full shape's
     return model, {"init_peak": peak, "model_bytes": sum(sizes), "largest_bytes": max(sizes)}
@@ -238,11 +242,7 @@ def markdown(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = runlog.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     mib = 2 ** 20
     for strategy, marker in (("ddp", "o"), ("fsdp", "s")):
