@@ -61,6 +61,19 @@ def day9_norms() -> str:
                      for b in (2, 128))
 
 
+def day9_transfer() -> str:
+    """d9/transfer.json: last stage + head minus scratch, test accuracy per seed, at the fewest and the most labels."""
+    runs = read("d9/transfer.json", "runs")
+    parts = []
+    for labels in (min(r["labels"] for r in runs), max(r["labels"] for r in runs)):
+        def acc(regime):
+            return [r["test_acc"] for r in runs if (r["labels"], r["regime"]) == (labels, regime)]
+
+        gains = [100 * (a - b) for a, b in zip(acc("last stage + head"), acc("scratch"))]
+        parts.append(f"{labels:,} labels " + " / ".join(f"{g:+.1f}" for g in gains))
+    return "; ".join(parts)
+
+
 def day10_cut(kind: str) -> float:
     """d10/summary.json: 1 - <kind>["fp32 + checkpoint"] / <kind>["fp32"] at the largest batch measured."""
     values = read("d10/summary.json", kind)
@@ -334,6 +347,8 @@ def results_table() -> str:
         ["normalisation at batch 2 and 128, forgotten `eval()`", "`python day09_cnn/norms_lab.py`",
          "{calc:day9_norms}; forgotten `eval()` costs "
          "{calc:day9_forgotten_eval|.1f} points"],
+        ["transfer learning: MNIST ResNet → Fashion-MNIST", "`python day09_cnn/transfer_lab.py`",
+         "last stage + head vs scratch, test accuracy points per seed: {calc:day9_transfer}"],
         ["activation memory, checkpointing", "`python day10_bigbatch_ckpt/main.py`",
          "linear in batch (ratio {calc:day10_linear|.3f}); checkpointing −{calc:day10_saved_cut|.0%} saved bytes, "
          "−{calc:day10_peak_cut|.1%} true peak, ×{calc:day10_ckpt_time|.2f} step time"],
@@ -849,6 +864,7 @@ CALCS.update({
     "day9_gn_b2": lambda: day9_norm("GroupNorm", 2),
     "day9_ln_b2": lambda: day9_norm("LayerNorm", 2),
     "day9_forgotten_eval": day9_forgotten_eval,
+    "day9_transfer": day9_transfer,
     "day10_saved_cut": lambda: day10_cut("saved_bytes"),
     "day10_peak_cut": lambda: day10_cut("peak_bytes"),
     "day10_peak_cut_b16": lambda: 1 - mib("peak_bytes", "fp32 + checkpoint", 2) / mib("peak_bytes", "fp32", 2),

@@ -11,8 +11,10 @@ raises `MNISTUnavailable` with one message that names the file and says what to 
 import functools
 import gzip
 import hashlib
+import io
 import os
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -112,25 +114,33 @@ def raw_paths(train: bool = True, root: str | Path | None = None) -> tuple[Path,
     return raw / f"{prefix}-images-idx3-ubyte", raw / f"{prefix}-labels-idx1-ubyte"
 
 
-def read_idx_header(path: Path) -> tuple[tuple[int, ...], int]:
+def idx_shape(f, source, fix: str = FIX) -> tuple[int, ...]:
     """IDX format: 2 zero bytes, a type code (0x08 = uint8), the number of dims, then each dim as a big-endian int32.
 
-    Returns the shape and the offset where the data starts."""
+    Reads the header from the binary file `f` and leaves it at the start of the data."""
+    magic = f.read(4)
+    if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] != 0x08:
+        raise MNISTUnavailable(f"{source} is not an IDX file of unsigned bytes (magic {list(magic)}). {fix}")
+    return tuple(int(d) for d in np.frombuffer(f.read(4 * magic[3]), dtype=">i4"))
+
+
+def read_idx_header(path: Path) -> tuple[tuple[int, ...], int]:
+    """The shape of an IDX file and the offset where its data starts."""
     with open(path, "rb") as f:
-        magic = f.read(4)
-        if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] != 0x08:
-            raise MNISTUnavailable(f"{path} is not an IDX file of unsigned bytes (magic {list(magic)}). {FIX}")
-        shape = tuple(int(d) for d in np.frombuffer(f.read(4 * magic[3]), dtype=">i4"))
+        shape = idx_shape(f, path)
     return shape, 4 + 4 * len(shape)
+
+
+def checked(data: np.ndarray, shape: tuple[int, ...], source, fix: str = FIX) -> np.ndarray:
+    if data.size != np.prod(shape):
+        raise MNISTUnavailable(f"{source} holds {data.size} bytes of data, its header says {shape}. {fix}")
+    return data.reshape(shape)
 
 
 def read_idx(path: Path) -> np.ndarray:
     """The whole IDX file as a uint8 array of its shape (checked against the file size)."""
     shape, offset = read_idx_header(path)
-    data = np.fromfile(path, dtype=np.uint8, offset=offset)
-    if data.size != np.prod(shape):
-        raise MNISTUnavailable(f"{path} holds {data.size} bytes of data, its header says {shape}. {FIX}")
-    return data.reshape(shape)
+    return checked(np.fromfile(path, dtype=np.uint8, offset=offset), shape, path)
 
 
 def mnist(train: bool = True, transform=None, root: str | Path | None = None):
@@ -147,10 +157,10 @@ def _raw(train: bool, root: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def _tensors(images: np.ndarray, labels: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _tensors(images: np.ndarray, labels: np.ndarray, device, mean: float = MEAN, std: float = STD):
     """New tensors every call: `.float()` and `.long()` convert uint8, so they copy instead of sharing the cache."""
     x = torch.from_numpy(images).unsqueeze(1).float()  # (N, 1, 28, 28) in [0, 255]
-    x.sub_(255 * MEAN).div_(255 * STD)  # (x / 255 - MEAN) / STD, in place on the fresh copy
+    x.sub_(255 * mean).div_(255 * std)  # (x / 255 - mean) / std, in place on the fresh copy
     return x.to(device), torch.from_numpy(labels).long().to(device)
 
 
@@ -169,7 +179,62 @@ def mnist_split(val_size: int = 5000, device: str | torch.device = "cpu", train_
     """`((x_train, y_train), (x_val, y_val))`: the 60,000 training images split by one fixed permutation (seed
     1234), `val_size` of them held out for validation; `train_subset` keeps the first N of the rest. Tune on
     these; the test set (`mnist_tensors(train=False)`) stays for the end."""
-    images, labels = _raw(True, str(root or DATA_ROOT))
+    return _split(*_raw(True, str(root or DATA_ROOT)), val_size, device, train_subset)
+
+
+def _split(images, labels, val_size, device, train_subset=None, mean: float = MEAN, std: float = STD):
     perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
     val, train = perm[:val_size], perm[val_size:][:train_subset]
-    return _tensors(images[train], labels[train], device), _tensors(images[val], labels[val], device)
+    return _tensors(images[train], labels[train], device, mean, std), _tensors(images[val], labels[val], device, mean, std)
+
+
+# --- Fashion-MNIST (Day 9's transfer lab): Debian's dataset-fashion-mnist package, read in place ---------------
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MD5 = {  # of the decompressed files, as for MNIST: Debian recompressed the .gz files Zalando published
+    "train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+    "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
+    "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
+    "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965",
+}
+FASHION_MEAN, FASHION_STD = 0.2860, 0.3530  # its training-set pixel statistics
+FASHION_FIX = ("Install it with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu; the files land in "
+               "/usr/share/datasets/fashion-mnist), or put the four *-ubyte.gz files from "
+               "github.com/zalandoresearch/fashion-mnist in a folder and pass it as `folder`.")
+
+
+def _fashion_file(folder: Path, name: str) -> np.ndarray:
+    gz = folder / f"{name}.gz"
+    try:
+        content = gzip.decompress(gz.read_bytes())
+    except FileNotFoundError:
+        raise MNISTUnavailable(f"Fashion-MNIST is not installed: {gz} is missing. {FASHION_FIX}") from None
+    except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged compressed data inside a valid header
+        raise MNISTUnavailable(f"Fashion-MNIST file {gz} is corrupt ({exc}). {FASHION_FIX}") from None
+    actual = hashlib.md5(content).hexdigest()
+    if actual != FASHION_MD5[name]:
+        raise MNISTUnavailable(f"Fashion-MNIST file {gz} is corrupt: MD5 of its content is {actual}, expected "
+                               f"{FASHION_MD5[name]}. {FASHION_FIX}")
+    f = io.BytesIO(content)
+    shape = idx_shape(f, gz, FASHION_FIX)
+    return checked(np.frombuffer(f.read(), dtype=np.uint8).copy(), shape, gz, FASHION_FIX)  # writable
+
+
+@functools.lru_cache(maxsize=2)
+def _fashion_raw(train: bool, folder: str) -> tuple[np.ndarray, np.ndarray]:
+    prefix = "train" if train else "t10k"
+    return (_fashion_file(Path(folder), f"{prefix}-images-idx3-ubyte"),
+            _fashion_file(Path(folder), f"{prefix}-labels-idx1-ubyte"))
+
+
+def fashion_available(folder: str | Path = FASHION_DIR) -> bool:
+    return all((Path(folder) / f"{name}.gz").exists() for name in FASHION_MD5)
+
+
+def fashion_split(val_size: int = 5000, device: str | torch.device = "cpu", folder: str | Path = FASHION_DIR):
+    """As `mnist_split`, for Fashion-MNIST's 60,000 training images (the same fixed permutation)."""
+    return _split(*_fashion_raw(True, str(folder)), val_size, device, None, FASHION_MEAN, FASHION_STD)
+
+
+def fashion_tensors(train: bool = False, device: str | torch.device = "cpu", folder: str | Path = FASHION_DIR):
+    """One whole Fashion-MNIST split as normalised tensors; `train=False` is the 10,000 test images."""
+    return _tensors(*_fashion_raw(train, str(folder)), device, FASHION_MEAN, FASHION_STD)

@@ -165,3 +165,32 @@ def test_a_main_without_usable_mnist_prints_one_line_and_exits_1(module, broken,
     assert exc.value.code == 1 and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: MNIST") and "git checkout -- data/mnist" in err
     assert not (folder / "out").exists()
+
+
+def test_fashion_mnist_missing_says_how_to_install_it(tmp_path):
+    with pytest.raises(MNISTUnavailable, match="apt-get install dataset-fashion-mnist"):
+        data.fashion_split(folder=tmp_path)
+
+
+@pytest.mark.skipif(not data.fashion_available(), reason="Fashion-MNIST absent: `apt-get install dataset-fashion-mnist`")
+def test_a_fashion_mnist_file_with_other_content_is_refused_by_its_checksum(tmp_path):
+    for name in data.FASHION_MD5:
+        shutil.copy(data.FASHION_DIR / f"{name}.gz", tmp_path)
+    labels = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    content = bytearray(gzip.decompress(labels.read_bytes()))
+    content[-1] = (content[-1] + 1) % 10  # one label changed: still a valid IDX file
+    labels.write_bytes(gzip.compress(bytes(content)))
+    with pytest.raises(MNISTUnavailable, match="is corrupt: MD5 of its content"):
+        data.fashion_tensors(train=False, folder=tmp_path)
+
+
+@pytest.mark.skipif(not data.fashion_available(), reason="Fashion-MNIST absent: `apt-get install dataset-fashion-mnist`")
+def test_a_fashion_mnist_file_with_damaged_compressed_data_is_refused_as_corrupt(tmp_path):
+    for name in data.FASHION_MD5:
+        shutil.copy(data.FASHION_DIR / f"{name}.gz", tmp_path)
+    labels = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    damaged = bytearray(labels.read_bytes())
+    damaged[20:60] = bytes(b ^ 0xFF for b in damaged[20:60])  # the deflate stream, past the gzip header: zlib.error
+    labels.write_bytes(bytes(damaged))
+    with pytest.raises(MNISTUnavailable, match="t10k-labels-idx1-ubyte.gz is corrupt"):
+        data.fashion_tensors(train=False, folder=tmp_path)
