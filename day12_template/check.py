@@ -8,6 +8,7 @@ holds for every task; the MNIST > 98% and the CPU recipe's 600-step gates (slow)
 """
 import dataclasses
 import errno
+import gzip
 import hashlib
 import itertools
 import json
@@ -55,6 +56,7 @@ import runlog  # noqa: E402
 import runlock  # noqa: E402
 import signals  # noqa: E402
 import tasks  # noqa: E402
+import text  # noqa: E402
 import train  # noqa: E402
 import troubleshoot as ts  # noqa: E402
 import zero_lab  # noqa: E402
@@ -1172,6 +1174,255 @@ def test_compare_runs_shows_the_changed_fields_and_the_mean_and_std_over_seeds(t
     assert compare_runs.main([str(tmp_path)]) == 2 and "not a run folder" in capsys.readouterr().err
 
 
+# --- experiment tracking: MLflow (run.tracker = "mlflow") -----------------------------------------------------------
+MLFLOW = {**TINY, "run.tracker": "mlflow", "train.epochs": 1}  # 16 steps, one evaluation, the test
+
+
+class SigtermAt(train.Hook):
+    """SIGTERM to this process after optimizer step `step`: the run stops after the next one, as under a scheduler."""
+
+    def __init__(self, step: int):
+        self.at = step
+
+    def step(self, progress) -> None:
+        if progress.step == self.at:
+            signal.raise_signal(signal.SIGTERM)
+
+
+def mlflow_runs_in(run_dir: Path):
+    """(MLflow's client on the run folder's store, the MLflow runs in it), read back through MLflow itself."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
+    return client, client.search_runs(["0"])
+
+
+def mlflow_run(run_dir: Path):
+    """(the client, the one MLflow run of a run folder that has one)."""
+    client, (run,) = mlflow_runs_in(run_dir)
+    return client, run
+
+
+def histories(client, run) -> dict:
+    """{metric: [(step, value), ...]} of an MLflow run."""
+    return {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+            for key in run.data.metrics}
+
+
+def jsonl_curves(run_dir: Path) -> dict:
+    """{kind/name: [(step, value), ...]} of every number in metrics.jsonl, in file order."""
+    curves = {}
+    for record in runlog.read_metrics(run_dir):
+        for name, value in record.items():
+            if name not in ("kind", "step", "epoch") and isinstance(value, (int, float)):
+                curves.setdefault(f"{record['kind']}/{name}", []).append((record["step"], float(value)))
+    return curves
+
+
+@pytest.fixture(scope="module")
+def mlflow_runs(tmp_path_factory):
+    """MLFLOW whole; and stopped by SIGTERM after step 8 (its MLflow run read back then), then resumed to the end."""
+    tmp = tmp_path_factory.mktemp("mlflow")
+    train.run(cfg_of(MLFLOW, tmp / "whole"))
+    with pytest.raises(signals.Stopped):
+        train.run(cfg_of(MLFLOW, tmp / "resumed"), [SigtermAt(7)])
+    _, stopped = mlflow_run(tmp / "resumed")
+    train.run(cfg_of({**MLFLOW, "checkpoint.resume": "auto"}, tmp / "resumed"))
+    return {"whole": tmp / "whole", "resumed": tmp / "resumed", "stopped": stopped}
+
+
+def test_mlflow_params_are_the_flattened_config_toml(mlflow_runs):
+    import tomllib
+
+    _, run = mlflow_run(mlflow_runs["whole"])
+    fields = config.flatten(tomllib.loads((mlflow_runs["whole"] / "config.toml").read_text()))
+    gates.check("MLflow params vs config.toml's fields, dotted (values as strings): differences",
+                sorted(set(run.data.params.items()) ^ {(k, str(v)) for k, v in fields.items()}), "==", [])
+
+
+def test_mlflow_metric_histories_equal_metrics_jsonl_values_and_steps(mlflow_runs):
+    got, want = histories(*mlflow_run(mlflow_runs["whole"])), jsonl_curves(mlflow_runs["whole"])
+    gates.check("MLflow metrics whose (step, value) history differs from metrics.jsonl's",
+                sorted(k for k in got.keys() | want.keys() if got.get(k) != want.get(k)), "==", [])
+    gates.check("... metrics compared (train, val and test figures)", len(want), ">=", 12)
+
+
+def test_mlflow_tags_hold_the_git_commit_torch_version_and_world_size(mlflow_runs):
+    _, run = mlflow_run(mlflow_runs["whole"])
+    launch = json.loads((mlflow_runs["whole"] / "run.json").read_text())["launches"][0]
+    tags = {k: run.data.tags.get(k) for k in ("mlflow.source.git.commit", "torch", "world_size")}
+    gates.check("MLflow tags: git commit, torch version, world size (as run.json records them)", tags, "==",
+                {"mlflow.source.git.commit": launch["git"], "torch": torch.__version__, "world_size": "1"})
+
+
+def test_mlflow_run_holds_config_toml_as_an_artifact(mlflow_runs):
+    client, run = mlflow_run(mlflow_runs["whole"])
+    local = client.download_artifacts(run.info.run_id, "config.toml")
+    gates.check("MLflow artifact config.toml == the run folder's", Path(local).read_text(), "==",
+                (mlflow_runs["whole"] / "config.toml").read_text())
+
+
+def test_a_resumed_run_continues_the_same_mlflow_run_with_every_step_once(mlflow_runs):
+    client, runs = mlflow_runs_in(mlflow_runs["resumed"])
+    gates.check("MLflow run ids in the store after the resume: the SIGTERM-stopped run's alone",
+                [r.info.run_id for r in runs], "==", [mlflow_runs["stopped"].info.run_id])
+    got = histories(client, runs[0])
+    gates.check("... train/loss steps (stopped after 8, resumed to the end: each once)",
+                [step for step, _ in got["train/loss"]], "==", list(range(1, STEPS // 2 + 1)))
+    gates.check("... metrics whose history differs from metrics.jsonl's",
+                sorted(k for k, v in jsonl_curves(mlflow_runs["resumed"]).items() if got.get(k) != v), "==", [])
+
+
+def test_mlflow_run_status_says_how_each_launch_ended(mlflow_runs):
+    _, run = mlflow_run(mlflow_runs["resumed"])
+    gates.check("MLflow status after the SIGTERM stop, after the resumed run's end",
+                [mlflow_runs["stopped"].info.status, run.info.status], "==", ["KILLED", "FINISHED"])
+
+
+def test_a_kill_leaves_mlflow_only_the_records_a_resume_keeps(tmp_path):
+    """Records after the last checkpoint are redone after a SIGKILL (metrics.jsonl drops them); MLflow, which cannot
+    delete a point, must never have got them. Here the logger itself: a checkpoint at step 3 (its flush), records 4
+    and 5, the kill (no flush, no close), the resume from step 3 redoing 4 and 5."""
+    cfg, meta = cfg_of(MLFLOW, tmp_path / "run"), runlog.metadata(torch.device("cpu"), 1, None)
+    killed = runlog.RunLog(tmp_path / "run", cfg, True, 0, meta)
+    for step in (1, 2, 3, 4, 5):
+        killed.record("train", step, loss=float(step) if step <= 3 else -1.0)
+        if step == 3:
+            killed.flush()
+    killed.metrics.close()  # the kill closes the file; nothing else of the launch runs
+    resumed = runlog.RunLog(tmp_path / "run", cfg, True, 3, meta)
+    for step in (4, 5):
+        resumed.record("train", step, loss=float(step))
+    resumed.close()
+    client, run = mlflow_run(tmp_path / "run")
+    gates.check("MLflow's train/loss after a kill at step 5 and a resume from step 3's checkpoint",
+                histories(client, run)["train/loss"], "==", [(s, float(s)) for s in range(1, 6)])
+
+
+def test_a_resume_from_an_older_checkpoint_gets_an_mlflow_run_of_its_own_equal_to_metrics_jsonl(tmp_path):
+    """The first launch ends at step 5 (all sent); resumed from step 3's checkpoint, steps 4 and 5 are redone with
+    other values (a re-planned schedule). The first MLflow run cannot drop its 4 and 5: the resume gets a new one,
+    tagged with the run it branches off."""
+    cfg, meta = cfg_of(MLFLOW, tmp_path / "run"), runlog.metadata(torch.device("cpu"), 1, None)
+    first = runlog.RunLog(tmp_path / "run", cfg, True, 0, meta)
+    for step in (1, 2, 3, 4, 5):
+        first.record("train", step, loss=float(step))
+    first.close()
+    resumed = runlog.RunLog(tmp_path / "run", cfg, True, 3, meta)
+    for step in (4, 5):
+        resumed.record("train", step, loss=-float(step))
+    resumed.close()
+    client, runs = mlflow_runs_in(tmp_path / "run")
+    (run,) = [r for r in runs if r.info.run_id == resumed.mlflow.run_id]
+    gates.check("MLflow runs in the store after a resume from step 3 of a run that reached 5; the resume's "
+                "train/loss; the run it is tagged as branching off",
+                [len(runs), histories(client, run)["train/loss"], run.data.tags.get("forked_from")], "==",
+                [2, jsonl_curves(tmp_path / "run")["train/loss"], first.mlflow.run_id])
+
+
+def tear_meta_yaml(run_dir: Path, run_id: str) -> None:
+    """What a SIGKILL in the middle of MLflow rewriting a run's meta.yaml in place (each status change) leaves."""
+    (run_dir / "mlruns" / "0" / run_id / "meta.yaml").write_text("")
+
+
+@pytest.mark.parametrize("damage", ["meta.yaml torn by a kill", "deleted in MLflow's UI"])
+def test_a_resume_whose_mlflow_run_is_unusable_sends_a_new_one_what_metrics_jsonl_kept(damage, tmp_path):
+    cfg, meta = cfg_of(MLFLOW, tmp_path / "run"), runlog.metadata(torch.device("cpu"), 1, None)
+    first = runlog.RunLog(tmp_path / "run", cfg, True, 0, meta)
+    for step in (1, 2, 3):
+        first.record("train", step, loss=float(step))
+    first.close()
+    if damage == "deleted in MLflow's UI":
+        first.mlflow.client.delete_run(first.mlflow.run_id)
+    else:
+        tear_meta_yaml(tmp_path / "run", first.mlflow.run_id)
+    resumed = runlog.RunLog(tmp_path / "run", cfg, True, 3, meta)
+    resumed.record("train", 4, loss=4.0)
+    resumed.close()
+    history = first.mlflow.client.get_metric_history(resumed.mlflow.run_id, "train/loss")
+    gates.check(f"MLflow run named in run.json {damage}: the resume's MLflow run is a new one; its train/loss",
+                [resumed.mlflow.run_id != first.mlflow.run_id, [(m.step, m.value) for m in history]], "==",
+                [True, [(s, float(s)) for s in range(1, 5)]])
+
+
+def test_an_mlflow_store_that_fails_at_a_checkpoint_is_one_error_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    def full(client, run_id, metrics=(), **rest):
+        if metrics:  # the file store wraps its OSErrors so
+            raise MlflowException("[Errno 28] No space left on device")
+
+    monkeypatch.setattr(MlflowClient, "log_batch", full)
+    code = train.main(["--set", *sets({**MLFLOW, "train.max_steps": 3, "run.out_dir": str(tmp_path / "run")})])
+    err = capsys.readouterr().err
+    gates.check("MLflow store failing at the first checkpoint: exit code, error lines, naming mlruns/ and the cause",
+                [code, len(err.strip().splitlines()), "mlruns" in err, "No space left" in err], "==",
+                [1, 1, True, True])
+
+
+def test_logging_to_mlflow_switches_mlflow_telemetry_off(tmp_path, monkeypatch):
+    """Outside pytest and CI, `import mlflow` fetches a config from mlflow-telemetry.io, sends usage events and writes
+    ~/.config/mlflow/telemetry.json: a run reaches nothing outside its folder. (Under pytest MLflow stays quiet by
+    itself, so this reads the switch MLflow reads.)"""
+    from mlflow.environment_variables import MLFLOW_DISABLE_TELEMETRY
+
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    runlog.RunLog(tmp_path / "run", cfg_of(MLFLOW, tmp_path / "run"), True, 0,
+                  runlog.metadata(torch.device("cpu"), 1, None)).close()
+    gates.check("MLflow's telemetry switch after a run logged to MLflow", MLFLOW_DISABLE_TELEMETRY.get(), "==", True)
+
+
+def test_turning_mlflow_on_at_a_resume_sends_it_the_records_metrics_jsonl_kept(tmp_path):
+    """run.tracker may change on resume: the new MLflow run starts with the earlier launches' records."""
+    meta = runlog.metadata(torch.device("cpu"), 1, None)
+    untracked = runlog.RunLog(tmp_path / "run", cfg_of({**MLFLOW, "run.tracker": "none"}, tmp_path / "run"), True, 0,
+                              meta)
+    for step in (1, 2, 3):
+        untracked.record("train", step, loss=float(step))
+    untracked.close()
+    tracked = runlog.RunLog(tmp_path / "run", cfg_of(MLFLOW, tmp_path / "run"), True, 3, meta)
+    tracked.record("train", 4, loss=4.0)
+    tracked.close()
+    client, run = mlflow_run(tmp_path / "run")
+    gates.check("MLflow's train/loss when run.tracker=mlflow starts at a resume from step 3",
+                histories(client, run)["train/loss"], "==", [(s, float(s)) for s in range(1, 5)])
+
+
+def test_only_rank_0_logs_to_mlflow(tmp_path):
+    log = runlog.RunLog(tmp_path / "run", cfg_of(MLFLOW, tmp_path / "run"), False, 0,
+                        runlog.metadata(torch.device("cpu"), 2, None))  # a rank other than 0: not active
+    log.record("train", 1, loss=1.0, lr=1e-3)
+    log.flush()
+    log.close()
+    gates.check("files or MLflow stores a rank other than 0 wrote", sorted(tmp_path.rglob("*")), "==", [])
+
+
+def block_mlflow(monkeypatch) -> None:
+    """As if MLflow were not installed: importing it, or any of its modules already loaded, raises ImportError."""
+    for name in [n for n in sys.modules if n.split(".")[0] == "mlflow"] + ["mlflow"]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_tracker_mlflow_without_mlflow_installed_exits_2_naming_the_field_and_the_pip_command(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    block_mlflow(monkeypatch)
+    code = train.main(["--set", *sets({**MLFLOW, "run.out_dir": str(tmp_path / "run")})])
+    err = capsys.readouterr().err
+    gates.check("run.tracker=mlflow without MLflow: exit code, one line naming run.tracker and pip install "
+                "mlflow-skinny, no run folder",
+                [code, len(err.strip().splitlines()), "run.tracker" in err, "pip install mlflow-skinny" in err,
+                 (tmp_path / "run").exists()], "==", [2, 1, True, True, False])
+
+
+def test_a_tensorboard_run_trains_without_mlflow_installed(tmp_path, monkeypatch):
+    block_mlflow(monkeypatch)
+    result = train.run(cfg_of({**TINY, "train.max_steps": 2}, tmp_path / "run"))
+    gates.check("default tracker with MLflow not importable: steps trained, tb/ written, no mlruns/",
+                [result["step"], (tmp_path / "run" / "tb").is_dir(), (tmp_path / "run" / "mlruns").exists()], "==",
+                [2, True, False])
+
+
 # --- torchrun: DDP and FSDP2 (two launches cover every distributed gate) ---------------------------------------------
 DIST = {**TINY, "train.batch_size": 64, "train.epochs": 2, "data.synthetic_size": 1024}  # 16 steps an epoch
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -1867,6 +2118,194 @@ def test_doctor_runs_the_checklists_cheapest_first_and_finds_injected_faults(tmp
         doctor.main(["--symptom", "slow"])
     gates.check("doctor: bad --set/--fault/--symptom refused with exit 2, one line, nothing written",
                 refused + (exc.value.code == 2), "==", len(bad) + 1)
+
+
+# --- text-data hygiene (troubleshoot/text_checks.py; doctor.py --symptom data): each fault alone; the real corpus ---
+HYGIENE_TRAIN = ["alls_well_that_ends_well", "antony_and_cleopatra", "as_you_like_it", "comedy_of_errors", "coriolanus",
+                 "cymbeline", "hamlet", "henry_iv_part_1"]
+LICENCE = (b"This eBook is for the use of anyone anywhere at no cost and with almost no restrictions whatsoever.\n"
+           b"You may copy it, give it away or re-use it under the terms of the Project Gutenberg License\n"
+           b"included with this eBook or online at www.gutenberg.org.\n")  # 248 characters in every split: > LEAK_CHARS
+TEXT_FAULTS = {  # the fault put in (into the first training work, or a document added) -> (its check, words it says)
+    "an exact copy of a work added": ("exact", "copy = alls_well_that_ends_well"),
+    "a validation work with every 40th word replaced added to train": ("near", "midsummer_nights_dream ~ near_copy at "
+                                                                                "0.86 (val and train: a leak)"),
+    "a validation work with every 10th word replaced added to train": ("leak", "of val/midsummer_nights_dream's"),
+    "two HTML tags and an entity": ("markup", "3 HTML tags/entities (<i> x1, </i> x1, &amp; x1)"),
+    "a form feed and a NUL": ("control", "2 control characters"),
+    "three cp1252 apostrophes (byte 0x92)": ("utf8", "3 bytes that are not UTF-8 in 1 document(s)"),
+    "a 6-word document added": ("length", "stub (6 words)"),
+    "1,000 bytes of a validation work pasted in": ("leak", "characters in val/midsummer_nights_dream"),
+    "a 3-line licence at the end of every document": ("lines", "in 12 of 12"),
+}
+
+
+def middle_of(work: bytes, size: int = 8000) -> bytes:
+    """About `size` bytes of whole lines from the middle of a work."""
+    cut = work[len(work) // 2:len(work) // 2 + size]
+    return cut[cut.index(b"\n") + 1:cut.rindex(b"\n") + 1]
+
+
+@pytest.fixture(scope="module")
+def small_corpus() -> dict:
+    """A clean corpus of 12 documents: 8 KB from the middle of 8 training works and of the 4 held-out ones."""
+    works = text.load_corpus(text.BUNDLE)
+    return {"train": {w: middle_of(works[w]) for w in HYGIENE_TRAIN},
+            "val": {w: middle_of(works[w]) for w in text.VAL_WORKS},
+            "test": {w: middle_of(works[w]) for w in text.TEST_WORKS}}
+
+
+def with_doc(corpus: dict, split: str, name: str, doc: bytes) -> dict:
+    """A copy of `corpus` with `doc` as `name` in `split` (added, or in place of the document of that name)."""
+    return {**corpus, split: {**corpus[split], name: doc}}
+
+
+def text_faults(corpus: dict) -> dict[str, dict]:
+    """`corpus` with each fault of TEXT_FAULTS put in."""
+    name = next(iter(corpus["train"]))
+    doc = corpus["train"][name]
+    held_out = corpus["val"]["midsummer_nights_dream"]
+    words = list(enumerate(held_out.split(b" ")))
+    near = b" ".join(b"thus" if i % 40 == 0 else word for i, word in words)
+    edited = b" ".join(b"thus" if i % 10 == 0 else word for i, word in words)  # Jaccard 0.6: not near; a leak
+    tagged = doc.replace(b" the ", b" <i>the</i> ", 1).replace(b" and ", b" &amp; ", 1)
+    controlled = doc.replace(b"\n", b"\n\x0c", 1).replace(b" ", b"\x00 ", 1)
+    pasted = doc + held_out[1000:2000]
+    return {"an exact copy of a work added": with_doc(corpus, "train", "copy", doc),
+            "a validation work with every 40th word replaced added to train": with_doc(corpus, "train", "near_copy",
+                                                                                       near),
+            "a validation work with every 10th word replaced added to train": with_doc(corpus, "train", "edited_copy",
+                                                                                       edited),
+            "two HTML tags and an entity": with_doc(corpus, "train", name, tagged),
+            "a form feed and a NUL": with_doc(corpus, "train", name, controlled),
+            "three cp1252 apostrophes (byte 0x92)": with_doc(corpus, "train", name, doc.replace(b"'", b"\x92", 3)),
+            "a 6-word document added": with_doc(corpus, "train", "stub", b"FINIS. THE END OF THE PLAY.\n"),
+            "1,000 bytes of a validation work pasted in": with_doc(corpus, "train", name, pasted),
+            "a 3-line licence at the end of every document": {split: {n: d + LICENCE for n, d in docs.items()}
+                                                               for split, docs in corpus.items()}}
+
+
+def test_text_hygiene_finds_nothing_in_twelve_clean_work_excerpts(small_corpus):
+    found = {c.kind: c.status for c in ts.text_hygiene(small_corpus)}
+    gates.check("text hygiene of 12 excerpts of 8 KB (8 train, 2 val, 2 test): checks that are not ok",
+                [k for k, status in found.items() if status != "ok"], "==", [])
+    gates.check("... checks run", len(found), "==", 9)
+
+
+@pytest.mark.parametrize("fault", TEXT_FAULTS)
+def test_each_text_fault_put_in_is_found_by_its_own_check_alone(fault, small_corpus):
+    kind, words = TEXT_FAULTS[fault]
+    found = ts.text_hygiene(text_faults(small_corpus)[fault])
+    gates.check(f"text hygiene of the 12 excerpts with {fault}: the checks that are not ok",
+                {c.kind: c.status for c in found if c.status != "ok"}, "==", {kind: "PROBLEM"})
+    assert words in next(c.text for c in found if c.kind == kind), found
+
+
+def test_minhash_estimates_the_jaccard_similarity_of_short_and_long_documents():
+    """Pairs of overlapping excerpts of Hamlet: a short pair leaves most of the 512 bins empty, a long one none."""
+    hamlet, k = text.load_corpus(text.BUNDLE)["hamlet"], ts.text_checks.NEAR_SHINGLE
+    errors = {}
+    for size in (300, 8000):
+        pair = {"a": hamlet[50_000:50_000 + size], "b": hamlet[50_000 + size // 4:50_000 + size + size // 4]}
+        shingles = [{t[i:i + k] for i in range(len(t) - k + 1)} for t in pair.values()]
+        near, _ = ts.text_checks.check_near(pair, {"a": "train", "b": "train"})
+        exact = len(shingles[0] & shingles[1]) / len(shingles[0] | shingles[1])
+        errors[size] = abs(near.figures["closest"][0] - exact)
+    gates.check("MinHash estimate vs the exact Jaccard similarity (0.6) of 300- and 8,000-byte excerpts: largest error",
+                max(errors.values()), "<", 0.06)
+
+
+@pytest.fixture(scope="module")
+def shakespeare_hygiene() -> dict:
+    """{kind: TextCheck} of the bundled corpus (computed once per process, as the doctor caches it)."""
+    return {c.kind: c for c in checks.corpus_hygiene(text.BUNDLE)}
+
+
+def test_the_bundled_corpus_raises_no_alarm_but_its_two_html_entities(shakespeare_hygiene):
+    gates.check("bundled Shakespeare, 42 works: each text check's verdict",
+                {k: c.status for k, c in shakespeare_hygiene.items()}, "==",
+                {"utf8": "ok", "markup": "PROBLEM", "control": "ok", "length": "ok", "exact": "ok", "near": "ok",
+                 "lines": "note", "tokens": "ok", "leak": "ok"})
+    gates.check("bundled Shakespeare: the closest two works' estimated Jaccard similarity (12-character shingles)",
+                shakespeare_hygiene["near"].figures["closest"][0], "<", 0.1)
+    gates.check("bundled Shakespeare: fewest words in a work (phoenix_and_the_turtle)",
+                shakespeare_hygiene["length"].figures["min_words"], "==", 360)
+
+
+def test_the_bundled_corpus_html_alarm_is_two_real_egrave_entities_in_a_midsummer_nights_dream(shakespeare_hygiene):
+    offsets = shakespeare_hygiene["markup"].figures["offsets"]
+    work = text.load_corpus(text.BUNDLE)["midsummer_nights_dream"]
+    gates.check("bundled Shakespeare: HTML entities found, by work and byte offset", offsets, "==",
+                {"midsummer_nights_dream": [44353, 45188]})
+    gates.check("... the bytes there", [work[at:at + 8] for at in offsets["midsummer_nights_dream"]], "==",
+                [b"&egrave;", b"&egrave;"])
+
+
+def test_the_bundled_corpus_repeats_stage_directions_and_speaker_names_and_its_byline_is_a_note(shakespeare_hygiene):
+    lines = shakespeare_hygiene["lines"].figures
+    gates.check("bundled Shakespeare: the 3 most repeated lines", lines["top"][:3], "==",
+                [["[Exeunt.]", 537], ["[Exit.]", 521], ["KING.", 460]])
+    gates.check("... share of the bytes in repeated lines, all / of 20+ characters",
+                [round(lines["copies_share"], 3), round(lines["long_copies_share"], 4)], "==", [0.063, 0.0034])
+    gates.check("... boilerplate (a line of 20+ characters in half the works or more): line -> works",
+                lines["boilerplate"], "==", {"by William Shakespeare": 42})
+
+
+def test_the_bundled_held_out_works_share_no_passage_with_the_training_works(shakespeare_hygiene):
+    leak = shakespeare_hygiene["leak"].figures
+    gates.check(f"bundled Shakespeare: longest passage of val/test also in train (a scene heading), characters "
+                f"(< {ts.text_checks.LEAK_CHARS}) and where", [leak["longest"]["chars"], leak["longest"]["where"]], "==",
+                [65, "test/twelfth_night"])
+    gates.check("... share of val and test 50-character shingles also in train",
+                max(leak["val"]["share"], leak["test"]["share"]), "<", 1e-4)
+
+
+def test_the_bundled_corpus_token_lengths_are_its_bytes_split_by_work(shakespeare_hygiene):
+    tokens = shakespeare_hygiene["tokens"].figures
+    gates.check("bundled Shakespeare, byte tokens: per split, and in all (the manifest's 5,057,198 bytes)",
+                [tokens["per_split"], tokens["total"]], "==",
+                [{"train": 4_549_801, "val": 250_768, "test": 256_629}, 5_057_198])
+    gates.check("... per work: min, median, 95th percentile, max",
+                [tokens["min"], round(tokens["median"]), round(tokens["p95"]), tokens["max"]], "==",
+                [2096, 125662, 164535, 175659])
+
+
+def corpus_folder(root: Path, works: dict[str, bytes]) -> Path:
+    """`works` in the bundled corpus's layout: works/<work>.txt.gz and MANIFEST.tsv (each text's SHA-256)."""
+    (root / "works").mkdir(parents=True)
+    rows = ["work\ttitle\tbytes\tsha256_of_text"]
+    for name, work in works.items():
+        (root / "works" / f"{name}.txt.gz").write_bytes(gzip.compress(work, mtime=0))
+        rows.append(f"{name}\t{name}\t{len(work)}\t{hashlib.sha256(work).hexdigest()}")
+    (root / "MANIFEST.tsv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_doctor_symptom_data_reports_a_work_that_is_not_utf8_as_a_finding_and_exits_3(small_corpus, tmp_path):
+    broken = text_faults(small_corpus)["three cp1252 apostrophes (byte 0x92)"]
+    root = corpus_folder(tmp_path / "corpus", {n: d for docs in broken.values() for n, d in docs.items()})
+    code = doctor.main(["--symptom", "data", "--set", *sets({**TINY_LM, "data.root": str(root),
+                                                             "run.out_dir": str(tmp_path / "run")}),
+                        "--out", str(tmp_path / "doctor")])
+    problems = [f for f in json.loads((tmp_path / "doctor" / "findings.json").read_text())["findings"]
+                if f["status"] == "PROBLEM"]
+    first = next(iter(small_corpus["train"]))
+    gates.check("doctor --symptom data on 12 works, one with 3 cp1252 bytes: exit code, the checks flagged, the bytes "
+                "counted and the first one's offset", [code, [f["figures"]["kind"] for f in problems],
+                                                       problems[0]["figures"]["invalid_bytes"],
+                                                       problems[0]["figures"]["first_offset"]], "==",
+                [3, ["utf8"], {first: 3}, {first: small_corpus["train"][first].index(b"'")}])
+    table = (tmp_path / "doctor" / "text_data.md").read_text()
+    assert "| utf8 | PROBLEM | data-5 | 3 bytes that are not UTF-8" in table, table
+
+
+def test_doctor_symptom_data_on_an_image_config_runs_the_image_data_checks(tmp_path, capsys):
+    code = doctor.main(["--symptom", "data", "--set", *sets({**TINY, "run.out_dir": str(tmp_path / "run")}),
+                        "--out", str(tmp_path / "doctor")])
+    printed = [line.split("] ")[1] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    gates.check("doctor --symptom data on the tiny image config: exit code, the findings (check | status | items)",
+                [code, printed], "==", [0, ["data | ok | nan-5", "data | ok | loss-2", "data | ok | loss-8",
+                                            "data | ok | loss-9"]])
 
 
 # --- CUDA only -------------------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ import config
 import runlog
 
 # where a run lives, how it started, what it logs and saves: not what it trains
-IGNORED = ("run.out_dir", "checkpoint.", "train.progress", "train.log_every", "data.num_workers", "data.pin_memory",
-           "profile.")
+IGNORED = ("run.out_dir", "run.tracker", "checkpoint.", "train.progress", "train.log_every", "data.num_workers",
+           "data.pin_memory", "profile.")
 
 
 def read_run(run_dir: Path) -> dict:

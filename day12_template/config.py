@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import json
 import math
 import operator
@@ -60,6 +61,9 @@ class Run:
                       safe=True)
     deterministic: bool = opt(True, "deterministic kernels, cuDNN autotuner off: repeatable runs and exact resume "
                               "(a little slower on GPUs)", safe=True)
+    tracker: str = opt("tensorboard", "where the metrics go besides metrics.jsonl: tensorboard (out_dir/tb/) | mlflow "
+                       "(an MLflow store in out_dir/mlruns/, no server; pip install mlflow-skinny) | none",
+                       choices=("tensorboard", "mlflow", "none"), safe=True)
 
 
 @dataclass
@@ -343,6 +347,9 @@ def check_combinations(cfg: Config, world_size: int | None = None) -> None:
         raise ConfigError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
     if not cfg.run.out_dir:
         raise ConfigError("run.out_dir must name a folder")
+    if cfg.run.tracker == "mlflow" and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError("run.tracker=mlflow needs MLflow's tracking client, which is not installed: pip install "
+                          "mlflow-skinny (or pip install -r requirements.lock.txt in the repo)")
     if world_size and cfg.checkpoint.async_save and not sharded_checkpoints(cfg, world):  # the run's, once known
         raise ConfigError("checkpoint.async_save writes sharded checkpoints only: set checkpoint.format=sharded "
                           "(auto is sharded under FSDP only)")

@@ -1,16 +1,18 @@
-"""doctor.py — the four symptom checklists as a decision path, run on a config's model and data.
+"""doctor.py — the symptom checklists and the data checklist as a decision path, run on a config's model and data.
 
     python doctor.py --config configs/mnist_mlp.toml --symptom nan         # NaN or inf loss
     python doctor.py --config configs/mnist_mlp.toml --symptom loss        # loss not decreasing
     python doctor.py --config configs/mnist_mlp.toml --symptom exploding   # exploding or vanishing gradients
     python doctor.py --config configs/mnist_mlp.toml --symptom gpu         # low GPU utilisation
+    python doctor.py --config configs/shakespeare_cpu.toml --symptom data  # suspect data: text hygiene (or images)
     python doctor.py --config configs/mnist_mlp.toml --symptom all --set model.mlp.depth=4
     python doctor.py --config configs/mnist_mlp.toml --symptom nan --fault sqrt_neg@blocks.0.0   # watch it find a bug
 
 The checks run cheapest first (troubleshoot/checklists.py) on a fresh model built from the config, or on the
 weights of checkpoint.init_from / the checkpoint checkpoint.resume points to. Each finding says what was measured,
 the checklist items it answers and, unless it is fine, the fix. --fault puts a known bug in (faults.py: breaks).
-Files: <run.out_dir>/doctor/ (report.txt: what it printed; findings.json; lr_range.png and .csv), or --out.
+Files: <run.out_dir>/doctor/ (report.txt: what it printed; findings.json; lr_range.png and .csv; text_data.md, the
+text checks as a table), or --out.
 Exit codes: 0 no problem found; 3 problems found; 1 data or checkpoint error; 2 bad config or flag.
 """
 import os
@@ -33,7 +35,7 @@ import models  # noqa: E402
 import runlog  # noqa: E402
 from faults import Faults, parse_breaks  # noqa: E402
 from troubleshoot.case import Case  # noqa: E402
-from troubleshoot.checklists import CHECKS, ITEMS, SYMPTOMS, plan  # noqa: E402
+from troubleshoot.checklists import CHECKS, ITEMS, SYMPTOMS, items_of, plan  # noqa: E402
 from troubleshoot.checks import diagnose  # noqa: E402
 
 
@@ -44,13 +46,12 @@ def main(argv=None) -> int:
                         help="put a known bug in first (faults.py), e.g. nan@blocks.0.1, leak=100")
     parser.add_argument("--out", help="folder for report.txt, findings.json and the LR plot (default: "
                                       "<run.out_dir>/doctor)")
-    parser.add_argument("--checklists", action="store_true", help="print the four checklists and exit")
+    parser.add_argument("--checklists", action="store_true", help="print the checklists and exit")
     args = parser.parse_args(argv)
     if args.checklists:
         for symptom, (title, checks) in SYMPTOMS.items():
             print(f"{title} (--symptom {symptom}; checks: {', '.join(checks)})")
-            prefix = symptom.replace("exploding", "grad") + "-"
-            print("\n".join(f"  {k:<7} {v}" for k, v in ITEMS.items() if k.startswith(prefix)))
+            print("\n".join(f"  {k:<7} {ITEMS[k]}" for k in items_of(symptom)))
         print("the checks, cheapest first:\n" + "\n".join(f"  {k:<13} {v}" for k, v in CHECKS.items()))
         return 0
     try:
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
         print(text, flush=True)
         lines.append(text)
 
-    title = SYMPTOMS[args.symptom][0] if args.symptom != "all" else "all four checklists"
+    title = SYMPTOMS[args.symptom][0] if args.symptom != "all" else "every checklist"
     machine = torch.cuda.get_device_name(case.device) if case.device.type == "cuda" else runlog.cpu_name()
     say(f"doctor: {cfg.model.name} ({models.count_params(case.model()):,} parameters) on {cfg.data.dataset} ("
         + " / ".join(f"{len(s):,} {n}" for n, s in vars(case.splits).items() if n != "info" and s is not None)
@@ -82,9 +83,10 @@ def main(argv=None) -> int:
     findings, seconds = diagnose(case, args.symptom, say)
     problems = sum(f.status == "PROBLEM" for f in findings)
     say(f"\nseconds per check: {', '.join(f'{k} {v:.2f}' for k, v in seconds.items())}")
-    plots = [f.name for f in out.glob("lr_range.*")] if "lr_range" in seconds else []
+    made = [f.name for check, pattern in (("lr_range", "lr_range.*"), ("data", "text_data.md")) if check in seconds
+            for f in out.glob(pattern)]  # the files this run's checks wrote
     say(f"{problems} problem(s), {sum(f.status == 'note' for f in findings)} note(s) in {len(findings)} findings; "
-        f"written: {out}/ ({', '.join(['report.txt', 'findings.json', *sorted(plots)])})")
+        f"written: {out}/ ({', '.join(['report.txt', 'findings.json', *sorted(made)])})")
     out.mkdir(parents=True, exist_ok=True)
     record = {"symptom": args.symptom, "config": config.to_dict(cfg), "faults": faults.breaks, "machine": machine,
               "device": str(case.device), "seconds": seconds, "findings": [vars(f) for f in findings]}

@@ -1,5 +1,6 @@
 """What a run leaves behind besides checkpoints, written by rank 0 only: the effective config (`config.toml`), run
-metadata (`run.json`: one entry per launch), `metrics.jsonl`, TensorBoard scalars (`tb/`), and the progress display.
+metadata (`run.json`: one entry per launch), `metrics.jsonl`, the tracker's copy of the metrics (`run.tracker`:
+TensorBoard scalars in `tb/` or an MLflow store in `mlruns/`), and the progress display.
 """
 import datetime
 import json
@@ -10,12 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import types
 from pathlib import Path
 
 import torch
 
 import config as config_mod
+from signals import Stopped
 
 
 def git_commit(folder: Path) -> str | None:
@@ -96,27 +99,122 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return records
 
 
+def scalars(kind: str, values: dict) -> dict:
+    """A record's numbers under the trackers' names, `train/loss`; its epoch and step are the axis, not curves."""
+    return {f"{kind}/{name}": value for name, value in values.items()
+            if isinstance(value, (int, float)) and name not in ("epoch", "step")}
+
+
+class MlflowRun:
+    """The run's MLflow twin, in a file store inside the run folder (`mlruns/`: no server, and no database whose
+    creation costs seconds): params (config.toml's fields, dotted), tags (git commit, torch version, world size),
+    config.toml as an artifact, and every number metrics.jsonl gets. MLflow cannot delete a logged point, so it is
+    sent only what a resume keeps: records go out when the logs are made durable (before each checkpoint, and at the
+    end), and a metric never gets a step it already holds. A resume continues the MLflow run that run.json names,
+    unless that run holds a step the resume redoes (resumed from an older checkpoint, after a crash, or after a kill
+    while a checkpoint was written) or cannot be read: then a new MLflow run gets the records metrics.jsonl kept."""
+
+    def __init__(self, run_dir: Path, meta: dict, launches: list[dict], kept: list[dict], start_step: int):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store behind this switch
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # else `import mlflow` fetches a config from the
+        # network, sends usage events and writes an id to ~/.config/mlflow/: a run talks to nothing outside its folder
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
+
+        self.make_metric = Metric
+        self.store = run_dir / "mlruns"
+        self.client = MlflowClient(tracking_uri=self.store.resolve().as_uri())
+        earlier = next((launch["mlflow_run_id"] for launch in reversed(launches) if "mlflow_run_id" in launch), None)
+        reason = self.why_not_continued(earlier, start_step) if earlier else None
+        tags = {"mlflow.source.git.commit": meta["git"], "torch": meta["torch"], "world_size": meta["world_size"]}
+        self.note = None  # why the MLflow run of run.json was not continued, for the log
+        if earlier and not reason:  # MLflow params cannot change: a field changed on resume shows in config.toml
+            self.run_id = earlier
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            self.run_id = self.client.create_run("0", run_name=run_dir.name).info.run_id  # "0": the Default experiment
+            fields = config_mod.flatten(tomllib.loads((run_dir / "config.toml").read_text()))
+            self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in fields.items()])
+            tags["forked_from"] = earlier
+            if reason:
+                self.note = (f"MLflow run {earlier} not continued: {reason}. This launch logs to a new one, "
+                             f"{self.run_id} (tag forked_from)")
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None])
+        self.client.log_artifact(self.run_id, str(run_dir / "config.toml"))
+        self.last_step = self.last_steps(self.run_id)
+        self.pending = []
+        for record in kept:  # all of them when this MLflow run is new
+            self.add(record["kind"], record["step"], record)
+
+    def last_steps(self, run_id: str) -> dict:
+        """{metric: the last step it holds} of an MLflow run."""
+        return {key: max(m.step for m in self.client.get_metric_history(run_id, key))
+                for key in self.client.get_run(run_id).data.metrics}
+
+    def why_not_continued(self, run_id: str, start_step: int) -> str | None:
+        """Why a resume from `start_step` cannot continue this MLflow run (None: it can)."""
+        try:
+            run, last = self.client.get_run(run_id), self.last_steps(run_id)
+        except Exception as exc:  # what MLflow makes of a damaged store: a run gone, a meta.yaml torn by a kill
+            return f"its files cannot be read ({type(exc).__name__}: {exc})"
+        if run.info.lifecycle_stage != "active":
+            return "it was deleted"
+        if max(last.values(), default=0) > start_step:
+            return (f"it holds steps up to {max(last.values())}, past step {start_step} this launch resumes from "
+                    "(MLflow cannot delete a point)")
+        return None
+
+    def add(self, kind: str, step: int, values: dict) -> None:
+        now = int(time.time() * 1000)
+        for key, value in scalars(kind, values).items():
+            if step > self.last_step.get(key, -1):
+                self.pending.append(self.make_metric(key, float(value), now, step))
+                self.last_step[key] = step
+
+    def flush(self) -> None:
+        """Send the pending records. The store is files: its failure (a full disk) is raised as an OSError, which a
+        checkpoint's save reports on every rank; a resume sends what metrics.jsonl kept of them again."""
+        from mlflow.exceptions import MlflowException
+
+        pending, self.pending = self.pending, []
+        try:
+            self.client.log_batch(self.run_id, metrics=pending)
+        except MlflowException as exc:
+            raise OSError(f"MLflow store {self.store}: {exc.message}") from exc
+
+    def close(self, status: str) -> None:
+        self.flush()
+        self.client.set_terminated(self.run_id, status)
+
+
 class RunLog:
     """Rank 0's files and screen; on other ranks every method does nothing."""
 
     def __init__(self, run_dir: Path, cfg, active: bool, start_step: int, meta: dict):
-        self.run_dir, self.active, self.cfg, self.bar = Path(run_dir), active, cfg, None
+        self.run_dir, self.active, self.cfg, self.bar, self.closed = Path(run_dir), active, cfg, None, False
+        self.tb = self.mlflow = None
         if not active:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.run_dir / "config.toml", config_mod.dump_toml(cfg))
         launches = previous_launches(self.run_dir / "run.json") if start_step else []
-        write_atomic(self.run_dir / "run.json", json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
         # Records past the checkpoint came from work that is now redone: drop them.
         kept = [r for r in read_metrics(self.run_dir) if r["step"] <= start_step and r["kind"] != "test"]
         write_atomic(self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
         self.metrics = open(self.run_dir / "metrics.jsonl", "a")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+        if cfg.run.tracker == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step + 1)
-        except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
-            self.tb = None
+                self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step + 1)
+            except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
+                pass
+        elif cfg.run.tracker == "mlflow":
+            self.mlflow = MlflowRun(self.run_dir, meta, launches, kept, start_step)
+            if self.mlflow.note:
+                self.say(self.mlflow.note)
+            meta = {**meta, "mlflow_run_id": self.mlflow.run_id}  # what the next resume continues
+        write_atomic(self.run_dir / "run.json", json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
 
     def record(self, kind: str, step: int, **values) -> None:
         if not self.active:
@@ -126,9 +224,10 @@ class RunLog:
         self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
         self.metrics.flush()  # one write per line: a kill leaves at most one torn line, which readers skip
         if self.tb:
-            for name, value in values.items():
-                if isinstance(value, (int, float)) and name not in ("epoch", "step"):
-                    self.tb.add_scalar(f"{kind}/{name}", value, step)
+            for name, value in scalars(kind, values).items():
+                self.tb.add_scalar(name, value, step)
+        if self.mlflow:
+            self.mlflow.add(kind, step, values)
 
     def flush(self) -> None:
         """Make the logs durable up to now (before each checkpoint, so they never lag it after a kill)."""
@@ -137,6 +236,8 @@ class RunLog:
             os.fsync(self.metrics.fileno())
             if self.tb:
                 self.tb.flush()
+            if self.mlflow:
+                self.mlflow.flush()
 
     def epoch_bar(self, epoch: int, total: int, done: int) -> None:
         """A tqdm bar for this epoch: on a terminal (progress=auto) or always (bar); rank 0 only."""
@@ -165,12 +266,22 @@ class RunLog:
             self.bar.close()
             self.bar = None
 
-    def close(self) -> None:
-        if self.active:
+    def close(self, status: str = "FINISHED") -> None:
+        """Once; `status` is what MLflow's run list shows: FINISHED, KILLED (stopped by a signal or Ctrl-C) or
+        FAILED."""
+        if self.active and not self.closed:
+            self.closed = True
             self.end_epoch()
             self.metrics.close()
             if self.tb:
                 self.tb.close()
+            if self.mlflow:
+                self.mlflow.close(status)
+
+    def ended(self, exc_type, exc, traceback) -> None:
+        """An ExitStack exit callback (train.py pushes it): close with the status the run ended with."""
+        stopped = exc_type is not None and issubclass(exc_type, (Stopped, KeyboardInterrupt))
+        self.close("FINISHED" if exc_type is None else "KILLED" if stopped else "FAILED")
 
 
 def profiler(cfg, run_dir: Path, enabled: bool, closing):

@@ -143,19 +143,31 @@ def load_corpus(root: Path) -> dict[str, bytes]:
     return works
 
 
-def shakespeare(root: str, block_size: int, eval_windows: int, subset: int) -> TextSplits:
-    folder = Path(root).resolve() if root else BUNDLE
+def corpus_folder(root: str) -> Path:
+    """data.root of the shakespeare dataset as a folder: the repo's bundle when empty."""
+    return Path(root).resolve() if root else BUNDLE
+
+
+def split_works(folder: Path) -> dict[str, dict[str, bytes]]:
+    """{split: {work: text}}, each in manifest order: VAL_WORKS and TEST_WORKS held out, train every other work."""
     works = load_corpus(folder)
     held_out = VAL_WORKS + TEST_WORKS
     if not set(held_out) <= works.keys():
         raise TextDataError(f"{folder / 'MANIFEST.tsv'} lacks {sorted(set(held_out) - works.keys())}, held out by "
                             f"the split (VAL_WORKS, TEST_WORKS in text.py): use a complete copy of the corpus")
+    return {"train": {w: t for w, t in works.items() if w not in held_out},
+            "val": {w: t for w, t in works.items() if w in VAL_WORKS},
+            "test": {w: t for w, t in works.items() if w in TEST_WORKS}}
 
-    def join(names) -> np.ndarray:
-        text = b"".join(works[w] + SEPARATOR for w in works if w in names)  # in manifest order
+
+def shakespeare(root: str, block_size: int, eval_windows: int, subset: int) -> TextSplits:
+    splits = split_works(corpus_folder(root))
+
+    def join(split: str) -> np.ndarray:
+        text = b"".join(t + SEPARATOR for t in splits[split].values())
         return np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
 
-    train, val, test = join([w for w in works if w not in held_out]), join(VAL_WORKS), join(TEST_WORKS)
+    train, val, test = join("train"), join("val"), join("test")
     train = train[:subset] if subset > 0 else train
     check_fits(train, block_size, "Shakespeare's train split", " or raise data.subset" if subset > 0 else "")
     check_fits(val, block_size, "Shakespeare's val split")

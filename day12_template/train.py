@@ -9,7 +9,8 @@ models alike: the data says what it is, the task (tasks.py) turns the model's ou
     torchrun --nproc_per_node=2 train.py --config configs/mnist_mlp.toml --set train.strategy=fsdp
     python train.py --help-config                                                # every field, and why
 
-The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/, ckpt-*.pt, last.pt, best.pt and run.lock.
+The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/ (or mlruns/: run.tracker), ckpt-*.pt,
+last.pt, best.pt and run.lock.
 Exit codes: 0 done; 1 error (data, checkpoint, non-finite loss, out of memory); 2 bad config (nothing written);
 143 / 130 stopped by SIGTERM / SIGINT after writing last.pt (resume with checkpoint.resume=auto).
 """
@@ -252,7 +253,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         checkpoint.clean_stale_tmp(run_dir)  # safe: no other live run owns these files
     log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step,
                         runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
-    closing.callback(log.close)
+    closing.push(log.ended)
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
             f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if tc.steps else 'samples'}) | "
             f"{device} x {d.world} | {run_dir}")

@@ -406,7 +406,7 @@ def test_the_lock_check_finds_a_linux_only_wheel_pinned_for_every_platform():
 def test_the_lock_check_finds_a_windows_only_dependency_left_out():
     assert "colorama==" in LOCK
     problems = lock_problems(drop(LOCK, "colorama"), environment("windows-amd64", "3.11"))
-    assert problems == ["colorama is needed by pytest, tqdm here but not pinned for it"]
+    assert problems == ["colorama is needed by click, pytest, tqdm here but not pinned for it"]
 
 
 def test_the_version_check_finds_a_pin_outside_a_dependents_range():

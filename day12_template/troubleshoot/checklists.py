@@ -1,9 +1,11 @@
-"""The four symptom checklists (the curriculum's, cheapest step first) and the findings the doctor prints.
+"""The curriculum's checklists (four symptoms, cheapest step first, and its data-preparation list) and the findings
+the doctor prints.
 
 Each checklist item has a key (`nan-5`); each finding names the items it answers, so a printed finding says which
 question of which checklist it settles. `SYMPTOMS` is the decision path: for a symptom, the checks to run, in order
 of cost (free config review -> one forward -> one backward -> a few steps -> a pass over the data -> short
-training runs); the doctor prints what each check took.
+training runs); the doctor prints what each check took. The data checklist also asks the data questions of the NaN
+and loss checklists (`SHARED`).
 """
 from dataclasses import dataclass, field
 
@@ -24,7 +26,8 @@ ITEMS = {
     "loss-6": "initialisation not extreme: the first loss is about ln(classes)",
     "loss-7": "the optimizer updates every trainable parameter and the schedule's rate is not 0",
     "loss-8": "inputs normalised, train and evaluation alike",
-    "loss-9": "validation/test independent of training: no exact duplicates (a leak flatters the figures)",
+    "loss-9": "validation/test independent of training: no sample or passage also in train (a leak flatters the "
+              "figures)",
     # exploding or vanishing gradients
     "grad-1": "exploding: global norm above 1e3, or one layer far above the others",
     "grad-2": "vanishing: layers with (almost) no gradient",
@@ -42,7 +45,15 @@ ITEMS = {
     "gpu-10": "mixed precision on (bf16 autocast uses the tensor cores)",
     "gpu-11": "memory not at the limit (allocator churn)",
     "gpu-12": "the GPU not shared with other processes",
+    # the data (text: the curriculum's preprocessing checklist)
+    "data-1": "exact duplicates: no document twice, no boilerplate line (header, footer) in most documents",
+    "data-2": "near duplicates: no two documents a few edits apart (MinHash over character shingles)",
+    "data-3": "noise: no HTML tags or entities, no control characters besides \\n \\t \\r",
+    "data-4": "length filter: no document too short (or too long) to be prose",
+    "data-5": "encoding: every byte valid UTF-8",
+    "data-6": "token lengths after tokenisation: min, median, 95th percentile and max per document",
 }
+SHARED = {"data": ["nan-5", "loss-2", "loss-8", "loss-9"]}  # items another checklist asks too
 
 # check -> what it costs, in the order the doctor runs them (cheapest first; the data pass grows with the dataset)
 CHECKS = {
@@ -52,7 +63,7 @@ CHECKS = {
     "anomaly": "2 forward and backward passes under anomaly mode (2-5x slower)",
     "overfit": "up to 200 steps on 8 samples",
     "data_vs_step": "23 timed batches and steps",
-    "data": "one pass over every sample, each hashed",
+    "data": "one pass over the data: every sample hashed (images), every document hashed and shingled (text)",
     "short_run": "train.py's first 30 optimizer steps, its evaluation and checkpoint",
     "lr_range": "an LR sweep of 100 steps",
     "gpu_only": "free: says what only a GPU can measure",
@@ -63,6 +74,7 @@ SYMPTOMS = {
     "loss": ("loss not decreasing", ["config", "forward", "gradients", "overfit", "data", "short_run", "lr_range"]),
     "exploding": ("exploding or vanishing gradients", ["config", "gradients", "short_run", "lr_range"]),
     "gpu": ("low GPU utilisation", ["config", "data_vs_step", "short_run", "gpu_only"]),
+    "data": ("suspect training data", ["data"]),
 }
 
 
@@ -76,8 +88,7 @@ class Finding:
     figures: dict = field(default_factory=dict)  # the measured values, for findings.json
 
     def concerns(self, symptom: str) -> bool:
-        prefix = symptom.replace("exploding", "grad") + "-"
-        return symptom == "all" or not self.items or any(i.startswith(prefix) for i in self.items)
+        return symptom == "all" or not self.items or bool(set(self.items) & set(items_of(symptom)))
 
     def render(self, number: int) -> str:
         tags = ", ".join(self.items) or "the check failed"
@@ -85,6 +96,12 @@ class Finding:
         if self.fix and self.status != "ok":
             lines.append(f"    fix: {self.fix}")
         return "\n".join(lines)
+
+
+def items_of(symptom: str) -> list[str]:
+    """The items of `symptom`'s checklist: its own (`nan-1` ...) and those it shares with another."""
+    prefix = symptom.replace("exploding", "grad") + "-"
+    return [k for k in ITEMS if k.startswith(prefix) or k in SHARED.get(symptom, [])]
 
 
 def plan(symptom: str) -> list[str]:

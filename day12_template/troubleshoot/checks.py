@@ -4,17 +4,21 @@ A check never stops the diagnosis: a model broken enough to make a check fail is
 check. `diagnose` runs a symptom's checks cheapest first and prints each finding as it comes.
 """
 import contextlib
+import functools
+import html
 import io
 import itertools
 import math
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 import config
 import data
 import runlog
+import text
 import train
 from . import lr_range
 from .case import Case
@@ -25,6 +29,7 @@ from .lr_range import lr_range_test
 from .nonfinite import NonFinite, backward_nan_op, first_nonfinite_module
 from .overfit import overfit_one_batch
 from .speed import HostSyncs, data_vs_step
+from .text_checks import MAX_WORDS, MIN_WORDS, TextCheck, text_hygiene
 
 SHORT_RUN = 30  # optimizer steps of the short run
 
@@ -87,9 +92,13 @@ DATA_ITEMS = {"nonfinite": ("nan-5", "find where they are made (a division by ze
 
 
 def check_splits(case: Case) -> list[Finding]:
-    if case.task.name != "classify":
-        return [Finding("data", "not measured", f"{case.cfg.data.dataset} is {case.task.name!r} data: the label, "
-                        "normalisation and duplicate checks here are for images", ["loss-2", "loss-8", "loss-9"])]
+    """The data check: images sample by sample, text document by document."""
+    if case.task.name == "classify":
+        return check_image_data(case)
+    return check_text_data(case)
+
+
+def check_image_data(case: Case) -> list[Finding]:
     limit = 20_000 if case.cfg.data.dataset == "imagefolder" else None
     report = check_data(case.splits, case.splits.info.num_classes, limit)
     problems = report.problems()
@@ -107,6 +116,57 @@ def check_splits(case: Case) -> list[Finding]:
         out.append(Finding("data", "PROBLEM" if found else "ok", "; ".join(found) or measured[kind], [item], fix,
                            {"measured": measured[kind]}))
     return out
+
+
+TEXT_ITEMS = {  # kind of text check -> (the checklist items it answers, the fix)
+    "utf8": (["data-5"], "decode with the encoding the file really has (often cp1252 or latin-1) and write UTF-8: "
+                         "a byte-level model learns the stray bytes as text"),
+    "markup": (["data-3"], "extract the text properly: unescape the entities (html.unescape) and strip the tags with "
+                           "an HTML parser, where the text is made"),
+    "control": (["data-3"], "delete them where the text is made (text_checks.CONTROL.sub(b'', raw), C1 included): "
+                            "invisible bytes the model would learn as text"),
+    "length": (["data-4"], f"drop documents under {MIN_WORDS} words (stubs, titles, error pages); look at those over "
+                           f"{MAX_WORDS:,} (documents run together?)"),
+    "exact": (["data-1"], "keep one copy of each (dedupe by hash): a copy weighs double in training, and a copy "
+                          "across splits is a leak (remove it from train)"),
+    "near": (["data-2"], "keep one document of each pair (across splits: remove the training one): a near copy is "
+                         "memorised like an exact one"),
+    "lines": (["data-1"], "strip the boilerplate lines (headers, footers, licences) before tokenising: the model "
+                          "learns to repeat them"),
+    "tokens": (["data-6"], ""),
+    "leak": (["loss-9"], "remove the shared passages from train (or hold their documents out): a model evaluated on "
+                         "text it trained on is measured on memory"),
+}
+
+
+@functools.lru_cache(maxsize=2)
+def corpus_hygiene(folder: Path) -> list[TextCheck]:
+    """The text checks of a corpus folder's splits, once per process and folder (as text.load_corpus reads it)."""
+    return text_hygiene(text.split_works(folder))
+
+
+def check_text_data(case: Case) -> list[Finding]:
+    if case.cfg.data.dataset != "shakespeare":
+        return [Finding("data", "not measured", f"{case.cfg.data.dataset}: token files hold ids, not the text and its "
+                        "document boundaries; run troubleshoot.text_checks.text_hygiene on the documents before "
+                        "tokenising", list(dict.fromkeys(item for items, _ in TEXT_ITEMS.values() for item in items)))]
+    folder = text.corpus_folder(case.cfg.data.root)
+    found = [Finding("data", c.status, c.text, *TEXT_ITEMS[c.kind], {"kind": c.kind, **c.figures})
+             for c in corpus_hygiene(folder)]
+    counts = ", ".join(f"{len(works)} {split}" for split, works in text.split_works(folder).items())
+    name = "the bundled Shakespeare (data/shakespeare)" if folder == text.BUNDLE else str(folder)
+    write_text_report(found, case.out / "text_data.md", f"Text hygiene of {name}: one document per work ({counts})")
+    return found
+
+
+def write_text_report(findings: list[Finding], path: Path, title: str) -> None:
+    """The text checks as a Markdown table (HTML in the text escaped, so that `&egrave;` shows as written)."""
+    rows = [title + ".", "", "| check | status | item | measured |", "|---|---|---|---|"]
+    for f in findings:
+        measured = html.escape(f.text, quote=False).replace("|", "\\|")
+        rows.append(f"| {f.figures['kind']} | {f.status} | {', '.join(f.items)} | {measured} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows) + "\n")
 
 
 def check_forward(case: Case) -> list[Finding]:
