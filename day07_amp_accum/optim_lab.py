@@ -29,7 +29,7 @@ from day04_mlp_mnist.main import MLP, evaluate
 from day06_ckpt_resume.main import warmup_cosine
 from day06_ckpt_resume.report import write_results
 from day07_amp_accum.report import plot_optim, write_optim_table
-from sprint import runs_dir
+from sprint import read_json, runs_dir, write_fragment
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import mnist_split
 from sprint.device import pick_device
@@ -208,7 +208,54 @@ def main(argv=None) -> Lab:
         print(f"{name}: validation loss " + ", ".join(f"{r.val_loss:.4f}" for r in runs))
     print(f"closest to the batch-{cfg.base_batch} run, per seed: {lab.scaling_closest}")
     write_results(out, "optim", lab, write_optim_table, plot_optim, t0)
+    write_fragment(out, readme_optim)
     return lab
+
+
+def warmup_range(lab: dict) -> str:
+    """The val loss without warmup over the one with it, per seed: the lowest and the highest ratio (one figure when
+    they round alike)."""
+    without, with_ = lab["warmup"].values()
+    ratios = sorted(a["val_loss"] / b["val_loss"] for a, b in zip(without, with_))
+    low, high = f"{ratios[0]:.2f}", f"{ratios[-1]:.2f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def linear_rule(lab: dict) -> str:
+    """Whether the linear LR-scaling rule gave the batch-128 run closest to batch 32 on every seed."""
+    closest = lab["scaling_closest"]
+    return "the linear rule matches" if all("linear" in c for c in closest) else "closest: " + " / ".join(closest)
+
+
+def readme_optim(results: Path) -> str:
+    """The README's findings on warmup, clipping and LR scaling, from `optim.json`."""
+    lab = read_json(results / "optim.json")
+    config, clip = lab["config"], lab["clip"]
+    adamw, sgd = lab["clip_order"]["adamw"], lab["clip_order"]["sgd"]
+    sgd_first, sgd_after = sgd["clip, then unscale"], sgd["unscale, then clip"]
+    return "\n".join([
+        "- **Warmup + cosine** is Day 6's `warmup_cosine` (`LambdaLR`); `check.py` compares its LR at each of the "
+        f"{len(lab['schedule_lr'])} steps with the formula (linear from 1/W to 1 over W steps, then 0.05 + 0.95 · "
+        "½(1 + cos(π · progress))) to within 1e-12.",
+        f"- **Warmup at a high LR** ({config['high_lr']}): without it the validation loss ends ×{warmup_range(lab)} "
+        f"the warmed-up run's (seeds {', '.join(map(str, config['seeds']))}). Adam's first updates move every weight "
+        "by about the full LR whatever its gradient, before the second-moment estimates mean anything; warmup gives "
+        "them steps to settle.",
+        f"- **`clip_grad_norm_`** returns the global norm *before* clipping ({clip['returned']:.1f} here) and scales "
+        "all gradients by one factor, so the global norm after it is max_norm and the direction is unchanged (cosine "
+        f"{clip['cosine_before_after']:.6f}); gradients already below max_norm are left alone "
+        f"({'yes' if clip['small_unchanged'] else 'no'}).",
+        "- **Clip after `unscale_`.** Clipping first meets the *scaled* gradients (×2¹⁶): every step is cut to "
+        f"max_norm, and unscaling then leaves 1/65,536 of it ({sgd_first['post_clip_norm']:.3g}). SGD then ends at "
+        f"validation loss {sgd_first['val_loss']:.2f} ({sgd_first['val_acc']:.0%} accuracy) against "
+        f"{sgd_after['val_loss']:.2f}. AdamW hides the mistake ({adamw['clip, then unscale']['val_loss']:.3f} against "
+        f"{adamw['unscale, then clip']['val_loss']:.3f}): dividing by √v cancels any uniform rescale of the gradients "
+        "— which is exactly why it goes unnoticed until the optimizer changes.",
+        "- **Batch 32 → 128** with the epoch fixed (4× fewer steps), the run closest to batch 32, per seed: "
+        f"{'; '.join(lab['scaling_closest'])}. In this short, LR-limited run each AdamW step moves the weights by "
+        "about the LR, so 4× fewer steps need about 4× the LR; the square-root rule is the one argued for long, "
+        "noise-dominated Adam runs, a regime this one-epoch run does not reach. Formulas are starting points: sweep "
+        "LR/3, LR, 3·LR around them."])
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ figures of the committed results files, the interview evidence and the plots.
 
 Run:  python scripts/report.py            REPORT.md; re-runs the gates of each folder whose code changed since they ran
       python scripts/report.py --fresh    re-run every gate first (the whole suite)
-      python scripts/report.py --readme   re-make the generated figures of README.md, INTERVIEW.md and the day READMEs
-                                          from the committed results files (runs no gate)
-      python scripts/report.py --spec     which results field feeds each generated cell, and its value now
+      python scripts/report.py --readme   re-make the README fragments (`results/readme_*.md`) from the committed
+                                          results files, then the blocks of README.md, INTERVIEW.md and the day
+                                          READMEs (runs no gate)
 
 Exit code 1 when a gate or a test failed. REPORT.md is git-ignored: it describes one machine at one moment.
 """
@@ -22,7 +22,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # `sprint` and `figures`
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # `sprint` and the days, and `figures`
 
 import figures  # noqa: E402
 from sprint.gates import GATES_DIR  # noqa: E402
@@ -237,30 +237,16 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--fresh", action="store_true", help="re-run every gate, even where nothing changed")
-    what.add_argument("--readme", action="store_true", help="re-make the READMEs' generated figures; run no gate")
-    what.add_argument("--spec", action="store_true", help="print each generated cell's template and value")
+    what.add_argument("--readme", action="store_true", help="re-make the READMEs' fragments and blocks; run no gate")
     args = parser.parse_args(argv)
-    try:
-        if args.readme:
+    if args.readme:
+        try:
             changed = figures.write_all()
-            print("\n".join(f"rewrote {p.relative_to(ROOT)}" for p in changed) or "every generated block is current")
-            return 0
-        if args.spec:
-            figures.TRACE.clear()
-            for md in figures.files():
-                if md.is_file():
-                    figures.render(md.read_text(), md)
-            shown = ""
-            for where, template, value in figures.TRACE:
-                if template != value:
-                    if where != shown:
-                        print(f"\n{where}")
-                        shown = where
-                    print(f"  {template}\n    -> {value}")
-            return 0
-    except figures.FigureError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        except figures.FigureError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print("\n".join(f"rewrote {p.relative_to(ROOT)}" for p in changed) or "every fragment and block is current")
+        return 0
     reasons = {f: "--fresh" if args.fresh else stale_reason(f) for f in FOLDERS if test_files(f)}
     stale = [f for f, why in reasons.items() if why]
     for folder in stale:

@@ -3,6 +3,8 @@ say, a failing test is a FAIL row even when it never reached its gate, and recor
 code they ran is unchanged."""
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,16 +18,32 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import figures  # noqa: E402
 import report  # noqa: E402
+from day07_amp_accum import main as day07  # noqa: E402
+from sprint import fragment_text, write_fragment  # noqa: E402
 
 
-def test_every_generated_readme_block_is_what_the_results_files_say():
+def test_every_fragment_is_what_its_function_makes_of_the_committed_results():
+    """A day's command writes its README fragments (`results/readme_*.md`) beside the results files they quote."""
+    stale = [figures.fragment_file(f).relative_to(ROOT).as_posix() for f in figures.stale_fragments()]
+    assert stale == [], "run `python scripts/report.py --readme`, then commit the fragments and READMEs"
+
+
+def test_every_readme_block_is_its_fragment_or_cross_day_figure():
     """After `scripts/refresh_results.py`, `python scripts/report.py --readme` brings the READMEs in line."""
     assert figures.stale() == [], "run `python scripts/report.py --readme`, then commit the READMEs"
 
 
+def test_every_fragment_has_its_function_and_a_readme_that_includes_it():
+    on_disk = {p.relative_to(ROOT) for p in ROOT.glob("day*/results/readme_*.md")}
+    assert on_disk == {figures.fragment_file(f).relative_to(ROOT) for f in figures.FRAGMENTS}
+    included = {(md.parent / ref).resolve().relative_to(ROOT) for md in figures.files()
+                for ref in re.findall(r"^<!-- include: (\S+)", md.read_text(), re.M)}
+    assert on_disk <= included, on_disk - included
+
+
 def test_the_readme_tables_are_generated_blocks():
     text = (ROOT / "README.md").read_text()
-    for name in ("days", "results", "memcalc"):
+    for name in ("days", "results", "machines"):
         assert f"<!-- generated: {name} -->" in text, name
     assert "<!-- include: day10_bigbatch_ckpt/results/memory_table_12gb.md -->" in text
 
@@ -37,25 +55,19 @@ def test_a_hand_edited_figure_is_found():
     assert figures.render(edited, readme) != edited
 
 
-@pytest.mark.parametrize("template, value", [
-    ("{d3/summary.json:steps}", "500"),
-    ("{d2/summary.json:hand_vs_autograd.*.max_abs_diff|zeros}", "5"),
-    ("{d6/summary.json:chains.*.kill_at|each:len|join: + }", "2 + 3"),
-    ("{d10/summary.json:budget_bytes|/1048576|.0f} MiB", "32 MiB"),
-])
-def test_a_template_reads_a_field_and_formats_it(template, value):
-    assert figures.fill(template) == value
-
-
-@pytest.mark.parametrize("template, message", [
-    ("{d3/summary.json:no_such_field}", "d3/summary.json:no_such_field: no 'no_such_field' there"),
-    ("{d3/nothing.json:x}", "day03_linreg/results/nothing.json does not exist"),
-    ("{calc:nothing}", "no calc named 'nothing'"),
-    ("{d3/summary.json:mse|.2q}", "filter '.2q'"),
-])
-def test_a_template_that_cannot_be_filled_names_the_file_and_field(template, message):
-    with pytest.raises(figures.FigureError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        figures.fill(template)
+def test_a_changed_results_file_or_fragment_is_found(tmp_path):
+    """The chain README == fragment == function(results files) breaks at either link: a figure changed in a results
+    file no longer matches its fragment, and the fragment re-made from it no longer matches the README."""
+    day, results = ROOT / "day07_amp_accum", tmp_path / "results"
+    shutil.copytree(day / "results", results)
+    readme, fragment = (day / "README.md").read_text(), day07.readme_training
+    assert figures.render(readme, tmp_path / "README.md") == readme
+    summary = json.loads((results / "summary.json").read_text())
+    summary["training"]["test_acc"] -= 0.01
+    (results / "summary.json").write_text(json.dumps(summary))
+    assert fragment_text(fragment, results) != (results / "readme_training.md").read_text()
+    write_fragment(results, fragment)
+    assert figures.render(readme, tmp_path / "README.md") != readme
 
 
 def test_a_block_without_its_end_marker_is_an_error(tmp_path):
