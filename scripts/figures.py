@@ -7,6 +7,9 @@ A block sits between two HTML comments (invisible on GitHub):
     <!-- generated: NAME -->               BLOCKS[NAME](): the root README's and INTERVIEW.md's cross-day figures
     <!-- end generated -->
 
+An included results report has its relative links rewritten to work from the README; a fragment is written for its
+README, links and all.
+
 A day's README figures are fragments (`results/readme_*.md`) that the command which measured them writes next to its
 results (`sprint.write_fragment`); FRAGMENTS names the functions that make them. `python scripts/report.py --readme`
 re-makes every fragment from the committed results files, then every block; tests/test_report.py fails when a README

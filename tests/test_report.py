@@ -30,7 +30,8 @@ def test_every_fragment_is_what_its_function_makes_of_the_committed_results():
 
 def test_every_readme_block_is_its_fragment_or_cross_day_figure():
     """After `scripts/refresh_results.py`, `python scripts/report.py --readme` brings the READMEs in line."""
-    assert figures.stale() == [], "run `python scripts/report.py --readme`, then commit the READMEs"
+    stale = [md.relative_to(ROOT).as_posix() for md in figures.stale()]
+    assert stale == [], "run `python scripts/report.py --readme`, then commit the READMEs"
 
 
 def test_every_fragment_has_its_function_and_a_readme_that_includes_it():
