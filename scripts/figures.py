@@ -538,9 +538,19 @@ def stale() -> list[Path]:
     return [md for md in files() if md.is_file() and render(md.read_text(), md) != md.read_text()]
 
 
+def stray_fragments() -> list[Path]:
+    """Fragment files that no function in FRAGMENTS makes: those a command wrote into a results subfolder (the
+    AVX2-capped runs' `results/avx2/`), or those of a fragment since removed."""
+    made = {fragment_file(f) for f in FRAGMENTS}
+    return [p for p in sorted(ROOT.glob("day*/results/**/readme_*.md")) if p not in made]
+
+
 def write_all() -> list[Path]:
-    """Every fragment re-made from the committed results files, then every block; returns the files that changed."""
-    changed = []
+    """Every fragment re-made from the committed results files (stray ones removed), then every block; returns the
+    files that changed."""
+    changed = stray_fragments()
+    for path in changed:
+        path.unlink()
     for fragment in stale_fragments():
         fragment_file(fragment).write_text(fragment_text(fragment, results_folder(fragment)))
         changed.append(fragment_file(fragment))

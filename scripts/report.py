@@ -245,7 +245,10 @@ def main(argv=None) -> int:
         except figures.FigureError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        print("\n".join(f"rewrote {p.relative_to(ROOT)}" for p in changed) or "every fragment and block is current")
+        for path in changed:
+            print(f"{'rewrote' if path.exists() else 'removed'} {path.relative_to(ROOT)}")
+        if not changed:
+            print("every fragment and block is current")
         return 0
     reasons = {f: "--fresh" if args.fresh else stale_reason(f) for f in FOLDERS if test_files(f)}
     stale = [f for f, why in reasons.items() if why]

@@ -35,6 +35,7 @@ def test_every_readme_block_is_its_fragment_or_cross_day_figure():
 
 
 def test_every_fragment_has_its_function_and_a_readme_that_includes_it():
+    assert figures.stray_fragments() == [], "run `python scripts/report.py --readme`: it removes them"
     on_disk = {p.relative_to(ROOT) for p in ROOT.glob("day*/results/readme_*.md")}
     assert on_disk == {figures.fragment_file(f).relative_to(ROOT) for f in figures.FRAGMENTS}
     included = {(md.parent / ref).resolve().relative_to(ROOT) for md in figures.files()
