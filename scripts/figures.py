@@ -114,10 +114,9 @@ def link(day: int) -> str:
 
 def days_measured() -> dict[int, str]:
     """The last column of the twelve-day table: one measured line per day."""
-    d1, d2, d3, d4, d4b, d5 = load(1, "report.json"), load(2), load(3), load(4), load(4, "bench.json"), \
-        load(5, "timing.json")
-    d6, d6o, d7, d7o, d8, d8b = load(6), load(6, "overfit.json"), load(7), load(7, "optim.json"), load(8), \
-        load(8, "bench.json")
+    d1, d2, d3, d4, d4b = load(1, "report.json"), load(2), load(3), load(4), load(4, "bench.json")
+    d5, d6, d6o, d7, d7o = load(5, "timing.json"), load(6), load(6, "overfit.json"), load(7), load(7, "optim.json")
+    d8, d8b = load(8), load(8, "bench.json")
     d9, d9n, d10, d11, d12b = load(9), load(9, "norms.json"), load(10), day11_stages(), load(12, "bench.json")
     facts = d1["diagnosis"]["facts"]
     build = f"CUDA {facts['wheel_cuda']} wheel" if facts["wheel_cuda"] else "CPU-only build"
@@ -229,10 +228,9 @@ def days_table() -> str:
 def results_table() -> str:
     """README.md's "Measured results" (and REPORT.md's): one row per benchmark command."""
     d4, d4b, d4i, d5 = load(4), load(4, "bench.json"), load(4, "init_lab.json"), load(5, "timing.json")
-    d6, d6o, d7, d7a, d7o = load(6), load(6, "overfit.json"), load(7), load(7, "avx2/summary.json"), \
-        load(7, "optim.json")
-    d8b, d9, d9n, d10, d10l = load(8, "bench.json"), load(9), load(9, "norms.json"), load(10), \
-        load(10, "levers.json")
+    d6, d6o, d7, d7a = load(6), load(6, "overfit.json"), load(7), load(7, "avx2/summary.json")
+    d7o, d8b, d9, d9n = load(7, "optim.json"), load(8, "bench.json"), load(9), load(9, "norms.json")
+    d10, d10l = load(10), load(10, "levers.json")
     d11c, (naive, optimised) = load(11, "compile.json"), day11_stages()
     d12n, d12m, d12d, d12b = (load(12, f"{name}.json") for name in ("nanogpt", "muon", "drills", "bench"))
     relu = d4i["stds"]["relu"]
@@ -349,8 +347,8 @@ def machine_line() -> str:
 
 def interview_evidence() -> dict[int, list[tuple[str, str]]]:
     """INTERVIEW.md: under each answer, the figures that back it, each with the command that writes them."""
-    d2, d3, d4, d5, d6, d6o, d7, d9n, d10, d10l = load(2), load(3), load(4), load(5, "timing.json"), load(6), \
-        load(6, "overfit.json"), load(7), load(9, "norms.json"), load(10), load(10, "levers.json")
+    d2, d3, d4, d5, d6, d6o = load(2), load(3), load(4), load(5, "timing.json"), load(6), load(6, "overfit.json")
+    d7, d9n, d10, d10l = load(7), load(9, "norms.json"), load(10), load(10, "levers.json")
     views, saves = load(1, "report.json")["lessons"]["views"], d2["detach_vs_no_grad"]
     table12 = ROOT / DAYS[10] / "results"
     chains = d6["chains"].values()
