@@ -445,3 +445,15 @@ def test_the_refresh_script_names_a_real_command_for_every_day_with_results():
     for steps in refresh_results.STEPS.values():
         for script, _, _ in steps:
             assert (ROOT / script).is_file(), script
+
+
+def test_the_template_package_declares_bounds_the_lock_satisfies():
+    """day12_template/pyproject.toml lists lower bounds, not the lock; every requirement, extras included, must
+    hold for the versions the repo pins (or the copy's `pip install -e .` would want other ones)."""
+    project = tomllib.loads((ROOT / "day12_template" / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    pinned = {name: version for name, (version, _) in pins(LOCK).items()}
+    unmet = [r for r in map(Requirement, requirements)
+             if canonicalize_name(r.name) not in pinned or pinned[canonicalize_name(r.name)] not in r.specifier]
+    assert unmet == []
+    assert all(Requirement(r).specifier for r in requirements), "lower bounds, not bare names"
