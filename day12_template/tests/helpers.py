@@ -2,6 +2,7 @@
 them, reading what they wrote, comparing checkpoints bitwise, and launching a script to kill it at a chosen moment."""
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -71,6 +72,7 @@ def sha(path: Path) -> str:
 
 
 FORMATS = {"full": {}, "sharded": {"checkpoint.format": "sharded"}}  # the two checkpoint formats, in one process
+SHARD = re.compile(r".*/ckpt-\d{8}\.tmp(/__1_\d+\.distcp)?")  # a sharded checkpoint's folder, rank 1's shard in it
 
 
 def full(path: Path) -> dict:

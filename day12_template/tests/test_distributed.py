@@ -1,7 +1,6 @@
 """torchrun on 2 CPU ranks (gloo): DDP with the global batch split over the ranks trains like one process with the
 whole batch, FSDP2 trains like DDP, and only rank 0 writes the run's files."""
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -9,9 +8,8 @@ import pytest
 
 import checkpoint
 import train
-from helpers import TEMPLATE, TINY, cfg_of, child_env, launch, sets, train_records
+from helpers import SHARD, TEMPLATE, TINY, cfg_of, child_env, launch, sets, train_records
 
-SHARD = re.compile(r".*/ckpt-\d{8}\.tmp(/__1_\d+\.distcp)?")  # a sharded checkpoint's folder, rank 1's shard in it
 # 2 epochs of 16 steps; global batch 64 (32 per rank); no dropout, whose masks differ between ranks and one process.
 RUN = {**TINY, "data.synthetic_size": 1024, "train.batch_size": 64, "model.mlp.dropout": 0.0}
 
