@@ -12,8 +12,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the template's modules
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.py, under any pytest import mode
 
-import text  # noqa: E402
-
 WORDS = ("the king my lord shall come to night and we will speak of love death honour crown sword heart "
          "thou art fair what say you sir madam good come away alas here is no more").split()
 TRAIN_WORKS = ("hamlet", "sonnets")
@@ -29,6 +27,8 @@ def pseudo_work(name: str, lines: int = 600) -> bytes:
 def write_corpus(root: Path) -> Path:
     """MANIFEST.tsv and works/<work>.txt.gz, as data/shakespeare holds them: two training works, and the works the
     split holds out (text.VAL_WORKS, text.TEST_WORKS) under their real names."""
+    import text  # the template's module: importable once the path above is set
+
     (root / "works").mkdir(parents=True)
     rows = ["work\ttitle\tbytes\tsha256_of_text"]
     for work in TRAIN_WORKS + text.VAL_WORKS + text.TEST_WORKS:
