@@ -2,7 +2,8 @@
 alike, resumes bit-for-bit after SIGKILL, scales out under torchrun (DDP and FSDP2) with checkpoints any run can load,
 rejects bad input before writing anything, and fails safely (signals, NaN, a full disk, a kill between two links).
 
-Run:  python day12_template/check.py      (or `pytest day12_template`, which adds the template's own tests/)
+Run:  python day12_template/check.py      (or `pytest day12_template`: the same; the template's own tests/ run
+inside the copy gate, in a venv outside the repo, and `pytest day12_template/tests` runs them here)
 Most gates train a tiny MLP on generated data or a tiny GPT on the bundled Shakespeare, both ways where a promise
 holds for every task; the MNIST > 98% and the CPU recipe's 600-step gates (slow) train the shipped configs.
 """
@@ -38,11 +39,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))  # the repo's gate recorder
 sys.path.insert(0, str(HERE))  # the template's own modules, imported as the template imports them
+sys.path.insert(0, str(HERE / "tests"))  # the helpers the template's own tests share
 
 import checkpoint  # noqa: E402
 import compare_runs  # noqa: E402
 import config  # noqa: E402
-import consolidate  # noqa: E402
 import main as demo  # noqa: E402
 import data  # noqa: E402
 import distributed  # noqa: E402
@@ -62,6 +63,8 @@ import troubleshoot as ts  # noqa: E402
 import zero_lab  # noqa: E402
 from troubleshoot import checks  # noqa: E402
 from faults import Faults  # noqa: E402
+from helpers import (FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, full, launch, reached,  # noqa: E402
+                     sets, sha, tiny_lm, train_records)
 from sprint.gates import Gates, run_this_file  # noqa: E402
 
 gates = Gates(__file__)
@@ -69,100 +72,13 @@ for _m in (checkpoint, config, data, demo, doctor, drills_lab, faults, memory, m
            checks):
     assert HERE in Path(_m.__file__).parents, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
 
-# A tiny run: generated data, a small MLP with dropout, 16 steps per epoch, 2 epochs, a checkpoint every 3 steps.
-TINY = {"data.dataset": "synthetic", "data.synthetic_size": 512, "data.val_size": 128, "model.mlp.hidden": 32,
-        "model.mlp.dropout": 0.1, "optim.lr": 3e-3, "train.epochs": 2, "train.batch_size": 32, "train.log_every": 1,
-        "checkpoint.every_steps": 3, "checkpoint.keep_last": 2, "train.progress": "off"}
-STEPS = 2 * 512 // 32
 # TINY overfitting: 64 training images, 4 steps an epoch; the best evaluation comes early, early stopping ends it.
 OVERFIT = {**TINY, "data.subset": 64, "model.mlp.hidden": 256, "model.mlp.dropout": 0.0, "train.epochs": 30,
            "train.batch_size": 16, "train.early_stop_patience": 2, "optim.warmup_ratio": 0.0}
-# The same run for a language model: a tiny GPT on the bundled Shakespeare, 32 steps evaluated every 16 (the
-# "epochs" of text), windows of 32 bytes, the same checkpoints.
-TINY_LM = {**TINY, "data.dataset": "shakespeare", "data.block_size": 32, "data.eval_windows": 32, "model.name": "gpt",
-           "model.gpt.n_layer": 2, "model.gpt.n_head": 2, "model.gpt.n_embd": 32, "model.gpt.block_size": 32,
-           "model.gpt.dropout": 0.1, "train.steps": STEPS, "train.eval_every": 16}
+TINY_LM = tiny_lm("")  # on the repo's bundled Shakespeare
 TASKS = {"classify": TINY, "lm": TINY_LM}
 SMALL_MNIST = {"data.subset": 2048, "data.val_size": 1000, "train.epochs": 1, "train.batch_size": 64,
                "train.log_every": 8, "train.progress": "off"}
-
-
-def sets(values: dict) -> list[str]:
-    return [f"{k}={config.to_toml(v)}" for k, v in values.items()]
-
-
-def cfg_of(values: dict, out: Path) -> config.Config:
-    return config.load(None, sets({**values, "run.out_dir": str(out)}))
-
-
-def train_records(run_dir: Path) -> dict:
-    return {r["step"]: r for r in runlog.read_metrics(run_dir) if r["kind"] == "train"}
-
-
-def diff_states(a, b, path="") -> list[str]:
-    """Every place two checkpoint entries differ, compared bitwise (tensors by bytes, floats by float.hex)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        if a.keys() != b.keys():
-            return [f"{path}: keys differ"]
-        return [d for k in a for d in diff_states(a[k], b[k], f"{path}/{k}")]
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if len(a) != len(b):
-            return [f"{path}: lengths differ"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff_states(x, y, f"{path}[{i}]")]
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                         b.reshape(-1).view(torch.uint8))
-        return [] if same else [f"{path}: tensors differ"]
-    if isinstance(a, float) and isinstance(b, float):
-        return [] if a.hex() == b.hex() else [f"{path}: {a!r} != {b!r}"]
-    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
-
-
-def sha(path: Path) -> str:
-    """A file's SHA-256, or a folder's (a sharded checkpoint): over its files' names and bytes."""
-    path = Path(path)
-    if path.is_dir():
-        return hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in sorted(path.iterdir()))).hexdigest()
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-FORMATS = {"full": {}, "sharded": {"checkpoint.format": "sharded"}}  # the two checkpoint formats, in one process
-
-
-def full(path: Path) -> dict:
-    """A checkpoint with its model and optimizer state, whatever its format (a sharded one read into a plain model)."""
-    return consolidate.full_checkpoint(path)
-
-
-def child_env(**extra) -> dict:
-    """Subprocesses compute with this process's thread count, so their floats round the same way."""
-    return {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONUNBUFFERED": "1", **extra}
-
-
-def launch(cmd, cwd=None, env=None, kill_when=None, sig=signal.SIGKILL, group=True, timeout=240):
-    """Run `cmd`; with `kill_when` (a function returning True once the run got far enough), send `sig` as soon as it
-    holds: to the whole process group (DataLoader workers included, like a terminal's Ctrl-C or the OOM killer's
-    victims) or, with group=False, to the launched process alone. Returns (returncode, output)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env or child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    out = []
-    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        if kill_when is not None and kill_when():
-            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
-            kill_when = None
-        time.sleep(0.005)
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    reader.join(5)
-    return proc.returncode, "".join(out)
-
-
-def reached(run_dir: Path, step: int):
-    return lambda: any(s >= step for s in train_records(run_dir))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -186,68 +102,6 @@ def test_config_has_the_curriculum_templates_21_fields_each_with_its_reason():
     readme = (HERE / "README.md").read_text()
     gates.check("config fields missing from the README", [k for k in config.fields() if f"`{k}`" not in readme],
                 "==", [])
-
-
-BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line message must contain)
-    (["optim.lr=0"], "optim.lr"),
-    (["optim.lr=-1e-3"], "optim.lr"),
-    (["optim.lr=nan"], "optim.lr"),
-    (["lr=1e-3"], "did you mean `optim.lr`"),
-    (["optim.lrr=1e-3"], "did you mean `optim.lr`"),
-    (["train.grad_accum=0"], "train.grad_accum"),
-    (["checkpoint.async_save=true"], "checkpoint.format=sharded"),  # one process, format auto: full checkpoints
-    (["data.dataset=mnsit"], "did you mean `mnist`"),
-    (["model.name=vit"], "model.name"),
-    (["train.amp_dtype=fp8"], "train.amp_dtype"),
-    (["train.batch_size=100", "train.grad_accum=3"], "train.batch_size"),
-    (["train.epochs=two"], "train.epochs"),
-    (["train.amp=yes"], "train.amp"),
-    (["model.resnet.widths=[16, 0]"], "model.resnet.widths"),
-    (["run.device=gpu"], "run.device"),
-    (["data.dataset=imagefolder"], "data.root"),
-    (["optim"], "key=value"),
-    ("[optimizer]\nlr = 1e-3\n", "did you mean `optim"),
-    ("[optim]\nlr = \n", "not valid TOML"),
-    ("[train]\nbatch_size = 12.5\n", "train.batch_size"),
-    (["run.seed=-1"], "run.seed must be >= 0 and <= 4294967295"),  # NumPy's seed range, not its traceback
-    (["run.seed=4294967296"], "run.seed must be >= 0 and <= 4294967295"),
-    (["model.mlp.hidden=99999999999999999999"], "model.mlp.hidden must fit in 64 bits"),  # not a C++ overflow
-    (["model.resnet.widths=[16, 99999999999999999999]"], "model.resnet.widths[1] must fit in 64 bits"),
-    (["data.num_workers=1000000"], "data.num_workers"),  # a million worker processes: an OOM kill
-    (["run.out_dir=/proc/template/run"], "cannot create /proc/template"),  # os.access says yes to root there
-    (b"\xff\xfe[optim]\n", "is not UTF-8"),
-    # language models: the GPT's table, text vs images, steps vs epochs
-    (["model.gpt.n_layer=0"], "model.gpt.n_layer"),
-    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "model.gpt.n_embd=100", "model.gpt.n_head=3"],
-     "model.gpt.n_embd=100 must be divisible by model.gpt.n_head=3"),
-    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "data.block_size=128"],
-     "data.block_size=128 exceeds model.gpt.block_size=64"),
-    (["data.dataset=shakespeare", "train.steps=10"], "model.name=mlp learns the 'classify' task"),
-    (["model.name=gpt", "data.dataset=shakespeare"], "train.steps"),
-    (["train.steps=100"], "train.steps/train.eval_every apply to text"),
-    (["model.gpt.bias=maybe"], "model.gpt.bias"),
-    (["model.gpt.n_layers=4"], "did you mean `model.gpt.n_layer`"),
-    ("[model.transformer]\nn_layer = 4\n", "unknown config key `model.transformer`"),
-    (["data.dataset=tokens", "model.name=gpt", "train.steps=10"], "data.root"),
-]
-
-
-def test_malformed_configs_exit_2_naming_the_field_and_write_nothing(tmp_path, capsys):
-    rejected = 0
-    for i, (bad, word) in enumerate(BAD_INPUT):
-        out = tmp_path / f"run{i}"
-        argv = ["--set", f"run.out_dir={out}"]
-        if isinstance(bad, (str, bytes)):
-            (tmp_path / f"bad{i}.toml").write_bytes(bad if isinstance(bad, bytes) else bad.encode())
-            argv = ["--config", str(tmp_path / f"bad{i}.toml"), *argv]
-        else:
-            argv += bad
-        code = train.main(argv)
-        err = capsys.readouterr().err
-        ok = code == 2 and word in err and len(err.strip().splitlines()) == 1 and not out.exists()
-        assert ok, (bad, code, err)
-        rejected += ok
-    gates.check("malformed configs rejected: exit 2, field named, no run folder", rejected, ">=", 10)
 
 
 def test_a_bad_value_on_the_real_command_line_exits_2_before_any_work(tmp_path):
@@ -442,6 +296,29 @@ def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_p
     assert "first module with a non-finite output: blocks.0.1 (LayerNorm)" in text and "Traceback" not in text, text
 
 
+def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_in_90_s(tmp_path):
+    """The copy's CI (ci.sh: `pip install -e ".[test]"`, the command, its pytest) in a fresh virtual environment that
+    sees this one's packages, so nothing is downloaded; then the installed command trains the smoke config."""
+    copy = Path(shutil.copytree(HERE, tmp_path / "my_project",
+                                ignore=shutil.ignore_patterns("runs", "__pycache__", "*.egg-info")))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    # The venv runs this environment's pip and setuptools. PIP_NO_BUILD_ISOLATION=0 *turns isolation off* (pip reads
+    # its --no-* variables inverted), so the build uses the installed setuptools; PIP_NO_INDEX forbids downloads.
+    env = child_env(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", VIRTUAL_ENV=str(venv), PYTHONPATH="",
+                    PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0")
+    code, text = launch(["bash", "ci.sh"], cwd=copy, env=env, timeout=600)
+    gates.check("the copy's ci.sh (install, template-train --help, pytest): exit code", code, "==", 0)
+    summary = re.search(r"(\d+) passed.* in ([\d.]+)s", text)
+    assert summary and not re.search(r"failed|skipped|error", summary.group(0)), text[-3000:]
+    gates.check("the copy's pytest: tests passed (none failed, skipped or in error)", int(summary.group(1)), ">=", 60)
+    gates.check("the copy's pytest: seconds on this machine", float(summary.group(2)), "<", 90)
+    code, text = launch(["template-train", "--config", "configs/synthetic_smoke.toml", "--set", "train.progress=off"],
+                        cwd=copy, env=env)
+    gates.check("`template-train --config configs/synthetic_smoke.toml` in the copy: exit code", code, "==", 0)
+    assert (copy / "runs" / "synthetic_smoke" / "best.pt").exists(), text
+
+
 # --- datasets and models switched by config only -------------------------------------------------------------------
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 SWITCHES = {
@@ -470,6 +347,25 @@ def test_switching_dataset_or_model_is_a_config_change_and_each_trains(name, tmp
 
 
 # --- language models: a GPT on the bundled Shakespeare, nanoGPT's token files, generation -------------------------
+BUNDLE_BYTES, BUNDLE_WORKS = 5_057_198, 42  # the repo's data/shakespeare (its README)
+
+
+def test_the_bundled_corpus_verifies_and_every_work_is_in_its_splits():
+    works = text.load_corpus(text.BUNDLE)
+    splits = text.shakespeare("", 64, 10, 0)
+    total = sum(len(s.tokens) for s in (splits.train, splits.val, splits.test))
+    assert len(works) == BUNDLE_WORKS and sum(map(len, works.values())) == BUNDLE_BYTES
+    assert total == BUNDLE_BYTES + BUNDLE_WORKS * len(text.SEPARATOR)
+    assert splits.vocab_size == 256 and torch.equal(splits.bytes_per_token, torch.ones(256, dtype=torch.float64))
+
+
+def test_the_bundled_held_out_splits_are_about_five_percent_each():
+    splits = text.shakespeare("", 64, 10, 0)
+    for split in (splits.val, splits.test):
+        gates.check("a held-out split's share of the bundled corpus", len(split.tokens) / BUNDLE_BYTES, "<", 0.06)
+        gates.check("a held-out split's share of the bundled corpus", len(split.tokens) / BUNDLE_BYTES, ">", 0.04)
+
+
 def unigram_loss(splits: data.Splits) -> float:
     """Cross-entropy of the validation windows' targets under the training tokens' frequencies (add-one smoothed):
     what a model that ignores the context scores."""
@@ -585,71 +481,6 @@ def test_sample_py_writes_text_from_a_run_in_a_copy_outside_the_repo(tmp_path):
                         env=child_env(PYTHONPATH=""))
     gates.check("sample.py with an empty prompt: exit code, one error line, traceback",
                 [code, text.count("error:"), "Traceback" in text], "==", [2, 1, False])
-
-
-# --- exact resume after SIGKILL -------------------------------------------------------------------------------------
-VARIANTS = {"fp32": TINY, "grad_accum=4 + bf16": {**TINY, "train.grad_accum": 4, "train.amp": True},
-            "2 data workers": {**TINY, "data.num_workers": 2}, "gpt": TINY_LM,
-            "gpt grad_accum=4 + bf16": {**TINY_LM, "train.grad_accum": 4, "train.amp": True},
-            "sharded": {**TINY, **FORMATS["sharded"]},
-            "sharded, async_save": {**TINY, **FORMATS["sharded"], "checkpoint.async_save": True}}
-
-
-def checkpointed_and_reached(run_dir: Path, step: int):
-    """The run logged `step` and last.pt exists (an asynchronous save links it only once its files are written)."""
-    logged = reached(run_dir, step)
-    return lambda: logged() and (run_dir / "last.pt").exists()
-
-
-def mid_epoch_kill_step(rng: random.Random) -> int:
-    """A random step after the first checkpoint (step 3) and at least 4 steps before an epoch's end (epochs have 16
-    steps), so the checkpoint resumed from is a mid-epoch one even if the kill lands a few steps late."""
-    return rng.choice([s for s in range(4, STEPS) if 4 <= s % 16 <= 11])
-
-
-@pytest.fixture(scope="module")
-def sigkilled(tmp_path_factory):
-    """For each variant, a run SIGKILLed at a random step (subprocesses, all at once) and its uninterrupted twin
-    (in this process meanwhile)."""
-    tmp, rng = tmp_path_factory.mktemp("sigkill"), random.Random()
-    jobs, results = {}, {}
-    for name, values in VARIANTS.items():
-        kill = mid_epoch_kill_step(rng)
-        run_dir = tmp / name.replace(" ", "_")
-        cmd = [sys.executable, str(HERE / "faults.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})]
-        env = child_env(TEMPLATE_FAULTS="step_sleep=0.05")
-        jobs[name] = (values, kill, run_dir, threading.Thread(target=lambda c=cmd, e=env, r=run_dir, k=kill, n=name:
-                                                               results.__setitem__(n, launch(c, env=e,
-                                                                                             kill_when=checkpointed_and_reached(r, k)))))
-        jobs[name][3].start()
-    out = {}
-    for name, (values, kill, run_dir, thread) in jobs.items():
-        ref = tmp / f"{name.replace(' ', '_')}-uninterrupted"
-        train.run(cfg_of(values, ref))
-        thread.join()
-        out[name] = {"values": values, "kill": kill, "run_dir": run_dir, "ref": ref, "launch": results[name]}
-    return out
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_sigkill_at_a_random_step_then_resume_is_bitwise_the_uninterrupted_run(sigkilled, name):
-    job = sigkilled[name]
-    code, text = job["launch"]
-    assert code == -signal.SIGKILL, (code, text)
-    resumed_from = checkpoint.load(job["run_dir"] / "last.pt", mmap=True)
-    gates.check(f"{name}: resumed from a mid-epoch checkpoint (sampler position > 0)",
-                resumed_from["sampler"]["position"], ">", 0)
-    train.run(cfg_of({**job["values"], "checkpoint.resume": "auto"}, job["run_dir"]))
-    ref, got = train_records(job["ref"]), train_records(job["run_dir"])
-    later = [s for s in ref if s > resumed_from["step"]]
-    differ = sum(ref[s]["loss"] != got[s]["loss"] for s in later)
-    gates.check(f"{name}: logged losses after the resume that differ (SIGKILL near step {job['kill']})", differ,
-                "==", 0)
-    gates.check(f"{name}: steps compared after the resume", len(later), ">=", 3)
-    a, b = full(job["ref"] / "last.pt"), full(job["run_dir"] / "last.pt")
-    keys = ("model", "optimizer", "scheduler", "scaler", "sampler", "step", "best")
-    gates.check(f"{name}: final state entries that differ bitwise", diff_states(
-        {k: a[k] for k in keys}, {k: b[k] for k in keys}), "==", [])
 
 
 # --- checkpoints that cannot go stale, full disks, corrupt or foreign files -----------------------------------------
@@ -799,37 +630,6 @@ def test_an_old_checkpoint_that_cannot_be_deleted_stops_every_rank_with_one_line
                 "==", [1, 1, True, False, 2])
 
 
-def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    train.run(cfg_of({**TINY, "train.max_steps": 3}, run_dir))
-    good = (run_dir / "last.pt").read_bytes()
-    flipped = bytearray(good)
-    flipped[len(good) // 2] ^= 0xFF  # inside a tensor: torch.load alone would not notice
-    cases = {"corrupted": bytes(flipped), "unreadable": good[: len(good) // 3], "not a checkpoint of this template":
-             None}
-    caught = 0
-    for word, content in cases.items():
-        bad = tmp_path / f"{word.split()[0]}.pt"
-        if content is None:
-            torch.save({"model": {}}, bad)
-        else:
-            bad.write_bytes(content)
-        code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / f"new-{word[:4]}"),
-                                "checkpoint.resume": str(bad)})])
-        err = capsys.readouterr().err
-        caught += code == 1 and word in err and str(bad) in err
-    gates.check("bad checkpoint files refused with a message naming the file", caught, "==", 3)
-    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir), "checkpoint.resume": "auto",
-                                       "model.name": "resnet"})])
-    err = capsys.readouterr().err
-    gates.check("resume into another model: exit 2 naming model.name", code == 2 and "model.name" in err, "==", True)
-    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "ft"), "model.mlp.hidden": 48,
-                            "checkpoint.init_from": str(run_dir / "last.pt")})])
-    err = capsys.readouterr().err
-    gates.check("init_from a differently sized model: exit 1 naming the shapes", code == 1 and "shapes differ" in err,
-                "==", True)
-
-
 class Gadget:
     """What a hostile .metadata index could name: unpickling it would run code."""
 
@@ -963,29 +763,6 @@ def test_init_from_accepts_prefixed_keys_of_ddp_and_compiled_models(tmp_path):
 
 
 # --- non-finite loss ------------------------------------------------------------------------------------------------
-NAN_MODULES = {"classify": ["blocks.0.0", "blocks.0.1", "blocks.0.2", "head"],
-               "lm": ["wte", "blocks.0.attn", "blocks.1.mlp.c_fc", "ln_f"]}
-
-
-@pytest.mark.parametrize("task", TASKS)
-def test_nan_at_a_chosen_step_stops_there_names_the_module_and_keeps_the_last_good_checkpoint(task, tmp_path, capsys):
-    rng = random.Random()
-    step, module = rng.randrange(5, STEPS), rng.choice(NAN_MODULES[task])
-    run_dir = tmp_path / "run"
-    code = train.main(["--set", *sets({**TASKS[task], "run.out_dir": str(run_dir)})],
-                      [Faults(nan_step=step, nan_module=module)])
-    err = capsys.readouterr().err
-    gates.check("exit code after a NaN loss", code, "==", 1)
-    gates.check(f"message names the step ({step}) and the module ({module})",
-                f"at step {step} " in err and f"output: {module} " in err, "==", True)
-    trained = max(train_records(run_dir))
-    gates.check("last logged step before the NaN step", trained, "==", step - 1)
-    saved = [checkpoint.step_of(p) for p in run_dir.glob("*.pt")]
-    gates.check("checkpoints holding the NaN step or later", sum(s >= step for s in saved), "==", 0)
-    gates.check("last.pt loads and holds a step before the NaN", checkpoint.load(run_dir / "last.pt")["step"], "<",
-                step)
-
-
 def test_nan_before_any_checkpoint_says_none_was_written_instead_of_naming_last_pt(tmp_path, capsys, monkeypatch):
     code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "run")})],
                       [Faults(nan_step=2, nan_module="head")])  # the first checkpoint would be at step 3
@@ -1539,9 +1316,6 @@ def test_ddp_all_reduces_gradients_once_per_optimizer_step_with_accumulation(dis
                 counts["syncs"] / counts["steps"], "==", 1.0)
 
 
-SHARD = re.compile(r".*/ckpt-\d{8}\.tmp(/__1_\d+\.distcp)?")  # a sharded checkpoint's folder, rank 1's shard in it
-
-
 def test_only_rank_0_writes_files_but_each_rank_its_own_checkpoint_shard(dist_runs):
     writes = {r: json.loads((dist_runs["audit"] / f"audit-rank{r}.json").read_text())["writes"] for r in (0, 1)}
     run_root = str(dist_runs["dirs"]["E"].parent)
@@ -1812,11 +1586,13 @@ def launchers(nodes: int, name: str) -> list[list[str]]:
 
 def restart_run(run_dir: Path, strategy: str, nodes: int, kill_at: int) -> dict:
     """The config of dist_runs' A plus a checkpoint every 4 steps, launched as the README launches it for restarts
-    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, resume=auto); rank 1 SIGKILLed once the run logged step `kill_at`."""
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, resume=auto); rank 1 SIGKILLed once the run logged step `kill_at` and
+    last.pt exists (an asynchronous save links it only once written: on a loaded machine the first one can lag)."""
     victims, results = [], {}
+    logged = reached(run_dir, kill_at)
 
     def kill_rank_1() -> None:
-        while not reached(run_dir, kill_at)():
+        while not (logged() and (run_dir / "last.pt").exists()):
             time.sleep(0.005)
         victims.extend(pid for pid in pids_of(str(run_dir)) if rank_env(pid).get("RANK") == "1")
         for pid in victims:

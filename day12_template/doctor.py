@@ -95,5 +95,10 @@ def main(argv=None) -> int:
     return 3 if problems else 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `template-doctor` command of `pip install -e .` (pyproject.toml): the same as running this file."""
     config.exit_with(main)
+
+
+if __name__ == "__main__":
+    cli()

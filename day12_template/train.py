@@ -440,5 +440,10 @@ def main(argv=None, hooks: list[Hook] = ()) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `template-train` command of `pip install -e .` (pyproject.toml): the same as running this file."""
     config.exit_with(main)
+
+
+if __name__ == "__main__":
+    cli()

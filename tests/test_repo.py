@@ -445,3 +445,40 @@ def test_the_refresh_script_names_a_real_command_for_every_day_with_results():
     for steps in refresh_results.STEPS.values():
         for script, _, _ in steps:
             assert (ROOT / script).is_file(), script
+
+
+TEMPLATE_PYPROJECT = (ROOT / "day12_template" / "pyproject.toml").read_text()
+
+
+def bound_problems(pyproject: str, lock: str) -> list[str]:
+    """The requirements of a pyproject.toml (extras included) that are not lower bounds (`>=` only, no pin copied from
+    the lock) or that the lock's pins do not satisfy (the copy's `pip install -e .` would want other versions)."""
+    project = tomllib.loads(pyproject)["project"]
+    requirements = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    pinned = {name: version for name, (version, _) in pins(lock).items()}
+    problems = []
+    for req in map(Requirement, requirements):
+        name = canonicalize_name(req.name)
+        if not req.specifier or any(spec.operator != ">=" for spec in req.specifier):
+            problems.append(f"{req}: not a lower bound")
+        elif name not in pinned:
+            problems.append(f"{req}: not in the lock")
+        elif pinned[name] not in req.specifier:
+            problems.append(f"{req}: the lock pins {pinned[name]}")
+    return problems
+
+
+def test_the_template_package_declares_bounds_the_lock_satisfies():
+    """day12_template/pyproject.toml lists lower bounds, not the lock, and the versions the repo pins meet them."""
+    assert bound_problems(TEMPLATE_PYPROJECT, LOCK) == []
+
+
+@pytest.mark.parametrize("old, new, problem", [
+    ('"torch>=2.14"', '"torch>=2.15"', "torch>=2.15: the lock pins 2.14.1"),
+    ('"torch>=2.14"', '"torch==2.14.1"', "torch==2.14.1: not a lower bound"),
+    ('"tqdm>=4.66"', '"tqdm"', "tqdm: not a lower bound"),
+    ('["pytest>=8"]', '["pytest>=8", "six>=1.16"]', "six>=1.16: not in the lock"),
+], ids=["above-the-lock", "a-pin", "a-bare-name", "not-locked"])
+def test_the_bounds_check_finds_a_requirement_the_lock_does_not_meet_or_that_is_no_lower_bound(old, new, problem):
+    assert old in TEMPLATE_PYPROJECT
+    assert bound_problems(TEMPLATE_PYPROJECT.replace(old, new), LOCK) == [problem]

@@ -14,8 +14,9 @@ import tasks
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def load(name: str, *sets: str) -> config.Config:
-    return config.load(str(CONFIGS / name), list(sets))
+def load(name: str, *sets: str, root: str = "") -> config.Config:
+    """A shipped config; `root`: its data.root (the generated corpus for shakespeare_cpu, conftest.py)."""
+    return config.load(str(CONFIGS / name), [f"data.root={root}", *sets] if root else list(sets))
 
 
 def saved_for_backward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task) -> int:
@@ -35,8 +36,8 @@ def saved_for_backward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     return sum(storages.values())
 
 
-def test_estimated_activations_are_the_bytes_a_real_gpt_forward_saves():
-    cfg = load("shakespeare_cpu.toml", "train.batch_size=4")
+def test_estimated_activations_are_the_bytes_a_real_gpt_forward_saves(corpus):
+    cfg = load("shakespeare_cpu.toml", "train.batch_size=4", root=corpus)
     info = memory.info_of(cfg)
     estimated = memory.estimate(cfg, info, device="cpu")["activations"]  # counted on fake tensors
     torch.manual_seed(0)
@@ -54,8 +55,8 @@ def test_estimated_activations_are_the_bytes_a_real_gpt_forward_saves():
     (["train.batch_size=12"], "backward"),
     (["train.batch_size=4", "model.gpt.vocab_size=16384"], "backward"),
 ], ids=["adamw-peaks", "backward-peaks", "cross-entropy-peaks"])
-def test_estimated_step_peak_is_within_10_percent_of_the_cpu_step_peak_of_a_gpt(sets, peaking):
-    cfg = load("shakespeare_cpu.toml", *sets)
+def test_estimated_step_peak_is_within_10_percent_of_the_cpu_step_peak_of_a_gpt(sets, peaking, corpus):
+    cfg = load("shakespeare_cpu.toml", *sets, root=corpus)
     info = memory.info_of(cfg)
     est = memory.estimate(cfg, info, device="cpu")
     assert est["step_peak"] == est[peaking], est
@@ -84,8 +85,8 @@ def test_gpt2_124m_is_estimated_without_data_at_124m_parameters_of_16_bytes(tmp_
 # of shakespeare_cpu's count. GPT-2's count also holds its 2.3 GiB of fp32 log-probabilities, which the curriculum
 # lists apart from the formula as logits.
 @pytest.mark.parametrize("name, sets", [("shakespeare_cpu.toml", ["train.batch_size=4"]), ("gpt2_124m.toml", [])])
-def test_curriculum_formula_overcounts_the_gpt_activations_by_at_most_2_5x(name, sets):
-    cfg = load(name, *sets)
+def test_curriculum_formula_overcounts_the_gpt_activations_by_at_most_2_5x(name, sets, corpus):
+    cfg = load(name, *sets, root=corpus)  # gpt2_124m's fixed vocabulary reads no data
     est = memory.estimate(cfg, memory.info_of(cfg))
     ratio = est["activations_formula"] / est["activations"]
     assert 1 <= ratio <= 2.5, ratio

@@ -12,9 +12,6 @@ import torch
 
 import text
 
-BUNDLE_BYTES, BUNDLE_WORKS = 5_057_198, 42
-
-
 def one_line(exc_info) -> str:
     message = str(exc_info.value)
     assert "\n" not in message, message
@@ -41,19 +38,10 @@ CHARS = "\n !abcdefghij"
 CHAR_META = {"vocab_size": len(CHARS), "itos": dict(enumerate(CHARS)), "stoi": {c: i for i, c in enumerate(CHARS)}}
 
 
-# -- Shakespeare -----------------------------------------------------------------------------------------------
-def test_bundle_verifies_and_holds_every_work_in_its_splits():
-    works = text.load_corpus(text.BUNDLE)
-    splits = text.shakespeare("", 64, 10, 0)
-    total = sum(len(s.tokens) for s in (splits.train, splits.val, splits.test))
-    assert len(works) == BUNDLE_WORKS and sum(map(len, works.values())) == BUNDLE_BYTES
-    assert total == BUNDLE_BYTES + BUNDLE_WORKS * len(text.SEPARATOR)
-    assert splits.vocab_size == 256 and torch.equal(splits.bytes_per_token, torch.ones(256, dtype=torch.float64))
-
-
-def test_val_and_test_are_whole_works_disjoint_from_train():
-    works = text.load_corpus(text.BUNDLE)
-    splits = text.shakespeare("", 64, 10, 0)
+# -- the Shakespeare layout (a generated corpus: conftest.py) ---------------------------------------------
+def test_val_and_test_are_whole_works_disjoint_from_train(corpus):
+    works = text.load_corpus(Path(corpus))
+    splits = text.shakespeare(corpus, 64, 10, 0)
     train = split_bytes(splits.train)
     for data, names in ((splits.val, text.VAL_WORKS), (splits.test, text.TEST_WORKS)):
         assert split_bytes(data) == b"".join(works[w] + text.SEPARATOR for w in works if w in names)
@@ -63,14 +51,8 @@ def test_val_and_test_are_whole_works_disjoint_from_train():
     assert not set(text.VAL_WORKS) & set(text.TEST_WORKS)
 
 
-def test_held_out_splits_are_about_five_percent_each():
-    splits = text.shakespeare("", 64, 10, 0)
-    for data in (splits.val, splits.test):
-        assert 0.04 < len(data.tokens) / BUNDLE_BYTES < 0.06
-
-
-def test_batch_windows_are_the_shifted_pairs():
-    splits = text.shakespeare("", 32, 7, 0)
+def test_batch_windows_are_the_shifted_pairs(corpus):
+    splits = text.shakespeare(corpus, 32, 7, 0)
     tokens = np.asarray(splits.train.tokens).astype(np.int64)
     starts = torch.tensor([0, 5, len(splits.train) - 1])
     x, y = splits.train.batch(0, starts)
@@ -80,53 +62,53 @@ def test_batch_windows_are_the_shifted_pairs():
         assert torch.equal(y[row], torch.from_numpy(tokens[s + 1:s + 33]))
 
 
-def test_eval_windows_are_evenly_spaced_over_the_split():
-    splits = text.shakespeare("", 32, 7, 0)
+def test_eval_windows_are_evenly_spaced_over_the_split(corpus):
+    splits = text.shakespeare(corpus, 32, 7, 0)
     starts = splits.val.starts
     assert len(splits.val) == 7 and starts[0] == 0 and starts[-1] == len(splits.val.tokens) - 33
     assert np.ptp(np.diff(starts)) <= 1
 
 
-def test_zero_eval_windows_means_every_non_overlapping_window():
-    splits = text.shakespeare("", 32, 0, 0)
+def test_zero_eval_windows_means_every_non_overlapping_window(corpus):
+    splits = text.shakespeare(corpus, 32, 0, 0)
     n = len(splits.val.tokens)
     assert len(splits.val) == (n - 1) // 32 and np.all(np.diff(splits.val.starts) == 32)
     x, y = splits.val.batch(-1, torch.tensor([len(splits.val) - 1]))
     assert y.shape == (1, 32)
 
 
-def test_subset_keeps_the_first_training_tokens():
-    full, small = text.shakespeare("", 16, 4, 0), text.shakespeare("", 16, 4, 1000)
+def test_subset_keeps_the_first_training_tokens(corpus):
+    full, small = text.shakespeare(corpus, 16, 4, 0), text.shakespeare(corpus, 16, 4, 1000)
     assert len(small.train.tokens) == 1000 and np.array_equal(small.train.tokens, full.train.tokens[:1000])
     assert len(small.train) == 1000 - 16
 
 
-def copy_bundle(tmp_path: Path) -> Path:
+def copy_corpus(corpus: str, tmp_path: Path) -> Path:
     root = tmp_path / "shakespeare"
-    shutil.copytree(text.BUNDLE, root)
+    shutil.copytree(corpus, root)
     return root
 
 
-def test_corrupt_work_is_named(tmp_path):
-    root = copy_bundle(tmp_path)
+def test_corrupt_work_is_named(corpus, tmp_path):
+    root = copy_corpus(corpus, tmp_path)
     path = root / "works" / "hamlet.txt.gz"
-    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).replace(b"Denmark", b"Norway")))
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).replace(b"king", b"duke")))
     with pytest.raises(text.TextDataError) as err:
         text.shakespeare(str(root), 64, 10, 0)
     assert str(path) in one_line(err) and "git checkout -- data/shakespeare" in str(err.value)
 
 
-def test_missing_work_is_named(tmp_path):
-    root = copy_bundle(tmp_path)
+def test_missing_work_is_named(corpus, tmp_path):
+    root = copy_corpus(corpus, tmp_path)
     (root / "works" / "sonnets.txt.gz").unlink()
     with pytest.raises(text.TextDataError) as err:
         text.shakespeare(str(root), 64, 10, 0)
     assert "sonnets.txt.gz is missing" in one_line(err)
 
 
-def test_window_longer_than_shakespeare_subset_is_refused():
+def test_window_longer_than_shakespeare_subset_is_refused(corpus):
     with pytest.raises(text.TextDataError) as err:
-        text.shakespeare("", 64, 10, 50)
+        text.shakespeare(corpus, 64, 10, 50)
     assert "lower data.block_size" in one_line(err)
 
 
@@ -243,8 +225,8 @@ def test_slice_of_a_memmap_pickles_to_an_equal_batch(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(data.batch(0, indices), copy.batch(0, indices)))
 
 
-def test_in_memory_token_data_pickles_to_an_equal_batch():
-    data = text.shakespeare("", 32, 5, 0).val
+def test_in_memory_token_data_pickles_to_an_equal_batch(corpus):
+    data = text.shakespeare(corpus, 32, 5, 0).val
     copy = pickle.loads(pickle.dumps(data))
     indices = torch.arange(len(data))
     assert all(torch.equal(a, b) for a, b in zip(data.batch(-1, indices), copy.batch(-1, indices)))

@@ -1,0 +1,91 @@
+"""Exact resume: a run SIGKILLed at a random mid-epoch step and resumed with checkpoint.resume=auto logs the same
+losses and ends in bitwise the same state (model, optimizer, schedule, scaler, sampler) as the run never killed, for
+each of the variants that keep state in different places."""
+import random
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import checkpoint
+import train
+from helpers import (FORMATS, STEPS, TEMPLATE, TINY, cfg_of, child_env, diff_states, full, launch, reached, sets,
+                     tiny_lm, train_records)
+
+VARIANTS = ["fp32", "grad_accum=4 + bf16", "2 data workers", "gpt", "gpt grad_accum=4 + bf16", "sharded",
+            "sharded, async_save"]
+
+
+def variant_values(corpus: str) -> dict:
+    lm = tiny_lm(corpus)
+    return {"fp32": TINY, "grad_accum=4 + bf16": {**TINY, "train.grad_accum": 4, "train.amp": True},
+            "2 data workers": {**TINY, "data.num_workers": 2}, "gpt": lm,
+            "gpt grad_accum=4 + bf16": {**lm, "train.grad_accum": 4, "train.amp": True},
+            "sharded": {**TINY, **FORMATS["sharded"]},
+            "sharded, async_save": {**TINY, **FORMATS["sharded"], "checkpoint.async_save": True}}
+
+
+def checkpointed_and_reached(run_dir: Path, step: int):
+    """The run logged `step` and last.pt exists (an asynchronous save links it only once its files are written)."""
+    logged = reached(run_dir, step)
+
+    def ready() -> bool:
+        return logged() and (run_dir / "last.pt").exists()
+
+    return ready
+
+
+def mid_epoch_kill_step(rng: random.Random) -> int:
+    """A random step after the first checkpoint (step 3) and at least 4 steps before an epoch's end (epochs have 16
+    steps), so the checkpoint resumed from is a mid-epoch one even if the kill lands a few steps late."""
+    return rng.choice([s for s in range(4, STEPS) if 4 <= s % 16 <= 11])
+
+
+def killed_launch(values: dict, run_dir: Path, kill: int, results: dict, name: str) -> threading.Thread:
+    """Start faults.py (train.py, slowed to 50 ms a step) in a thread that SIGKILLs it once `kill` is checkpointed."""
+    cmd = [sys.executable, str(TEMPLATE / "faults.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})]
+    env = child_env(TEMPLATE_FAULTS="step_sleep=0.05")
+
+    def run() -> None:
+        results[name] = launch(cmd, env=env, kill_when=checkpointed_and_reached(run_dir, kill))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.fixture(scope="module")
+def sigkilled(tmp_path_factory, corpus):
+    """For each variant, a run SIGKILLed at a random step (subprocesses, all at once) and its uninterrupted twin
+    (in this process meanwhile)."""
+    tmp, rng, values = tmp_path_factory.mktemp("sigkill"), random.Random(), variant_values(corpus)
+    jobs, results = {}, {}
+    for name in VARIANTS:
+        kill, run_dir = mid_epoch_kill_step(rng), tmp / name.replace(" ", "_")
+        jobs[name] = (kill, run_dir, killed_launch(values[name], run_dir, kill, results, name))
+    out = {}
+    for name, (kill, run_dir, thread) in jobs.items():
+        ref = tmp / f"{name.replace(' ', '_')}-uninterrupted"
+        train.run(cfg_of(values[name], ref))
+        thread.join()
+        out[name] = {"values": values[name], "kill": kill, "run_dir": run_dir, "ref": ref, "launch": results[name]}
+    return out
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_sigkill_at_a_random_step_then_resume_is_bitwise_the_uninterrupted_run(sigkilled, name):
+    job = sigkilled[name]
+    code, text = job["launch"]
+    assert code == -signal.SIGKILL, (code, text)
+    resumed_from = checkpoint.load(job["run_dir"] / "last.pt", mmap=True)
+    assert resumed_from["sampler"]["position"] > 0  # a mid-epoch checkpoint
+    train.run(cfg_of({**job["values"], "checkpoint.resume": "auto"}, job["run_dir"]))
+    ref, got = train_records(job["ref"]), train_records(job["run_dir"])
+    later = [s for s in ref if s > resumed_from["step"]]
+    assert len(later) >= 3
+    assert [s for s in later if ref[s]["loss"] != got[s]["loss"]] == [], f"killed near step {job['kill']}"
+    a, b = full(job["ref"] / "last.pt"), full(job["run_dir"] / "last.pt")
+    keys = ("model", "optimizer", "scheduler", "scaler", "sampler", "step", "best")
+    assert diff_states({k: a[k] for k in keys}, {k: b[k] for k in keys}) == []

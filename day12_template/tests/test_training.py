@@ -1,0 +1,137 @@
+"""The training loop's contract, one behaviour per test: each task trains end to end, a bad config is refused with
+exit 2 naming the field before anything is written, a non-finite loss stops the run before its step, and a corrupt,
+truncated or foreign checkpoint is refused in one line."""
+import random
+
+import pytest
+import torch
+
+import checkpoint
+import runlog
+import train
+from faults import Faults
+from helpers import STEPS, TINY, cfg_of, sets, tiny_lm, train_records
+
+
+@pytest.fixture(scope="module")
+def tasks(corpus) -> dict:
+    """The tiny run of each task: an MLP classifier on generated images, a GPT on the generated corpus."""
+    return {"classify": TINY, "lm": tiny_lm(corpus)}
+
+
+@pytest.mark.parametrize("task", ["classify", "lm"])
+def test_each_task_trains_evaluates_and_leaves_its_run_folder(task, tasks, tmp_path):
+    run_dir = tmp_path / "run"
+    result = train.run(cfg_of(tasks[task], run_dir))
+    losses = [r["loss"] for r in runlog.read_metrics(run_dir) if r["kind"] == "train"]
+    evaluations = [r for r in runlog.read_metrics(run_dir) if r["kind"] == "val"]
+    assert len(losses) == STEPS and sum(losses[-4:]) < sum(losses[:4]), losses
+    assert len(evaluations) == 2 and result["step"] == STEPS
+    for name in ("config.toml", "run.json", "metrics.jsonl", "last.pt", "best.pt"):
+        assert (run_dir / name).exists(), name
+    assert checkpoint.load(run_dir / "last.pt")["step"] == STEPS
+
+
+BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line message must contain)
+    (["optim.lr=0"], "optim.lr"),
+    (["optim.lr=-1e-3"], "optim.lr"),
+    (["optim.lr=nan"], "optim.lr"),
+    (["lr=1e-3"], "did you mean `optim.lr`"),
+    (["optim.lrr=1e-3"], "did you mean `optim.lr`"),
+    (["train.grad_accum=0"], "train.grad_accum"),
+    (["checkpoint.async_save=true"], "checkpoint.format=sharded"),  # one process, format auto: full checkpoints
+    (["data.dataset=mnsit"], "did you mean `mnist`"),
+    (["model.name=vit"], "model.name"),
+    (["train.amp_dtype=fp8"], "train.amp_dtype"),
+    (["train.batch_size=100", "train.grad_accum=3"], "train.batch_size"),
+    (["train.epochs=two"], "train.epochs"),
+    (["train.amp=yes"], "train.amp"),
+    (["model.resnet.widths=[16, 0]"], "model.resnet.widths"),
+    (["run.device=gpu"], "run.device"),
+    (["data.dataset=imagefolder"], "data.root"),
+    (["optim"], "key=value"),
+    ("[optimizer]\nlr = 1e-3\n", "did you mean `optim"),
+    ("[optim]\nlr = \n", "not valid TOML"),
+    ("[train]\nbatch_size = 12.5\n", "train.batch_size"),
+    (["run.seed=-1"], "run.seed must be >= 0 and <= 4294967295"),  # NumPy's seed range, not its traceback
+    (["run.seed=4294967296"], "run.seed must be >= 0 and <= 4294967295"),
+    (["model.mlp.hidden=99999999999999999999"], "model.mlp.hidden must fit in 64 bits"),  # not a C++ overflow
+    (["model.resnet.widths=[16, 99999999999999999999]"], "model.resnet.widths[1] must fit in 64 bits"),
+    (["data.num_workers=1000000"], "data.num_workers"),  # a million worker processes: an OOM kill
+    (["run.out_dir=/proc/template/run"], "cannot create /proc/template"),  # os.access says yes to root there
+    (b"\xff\xfe[optim]\n", "is not UTF-8"),
+    # language models: the GPT's table, text vs images, steps vs epochs
+    (["model.gpt.n_layer=0"], "model.gpt.n_layer"),
+    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "model.gpt.n_embd=100", "model.gpt.n_head=3"],
+     "model.gpt.n_embd=100 must be divisible by model.gpt.n_head=3"),
+    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "data.block_size=128"],
+     "data.block_size=128 exceeds model.gpt.block_size=64"),
+    (["data.dataset=shakespeare", "train.steps=10"], "model.name=mlp learns the 'classify' task"),
+    (["model.name=gpt", "data.dataset=shakespeare"], "train.steps"),
+    (["train.steps=100"], "train.steps/train.eval_every apply to text"),
+    (["model.gpt.bias=maybe"], "model.gpt.bias"),
+    (["model.gpt.n_layers=4"], "did you mean `model.gpt.n_layer`"),
+    ("[model.transformer]\nn_layer = 4\n", "unknown config key `model.transformer`"),
+    (["data.dataset=tokens", "model.name=gpt", "train.steps=10"], "data.root"),
+]
+
+
+def test_malformed_configs_exit_2_with_one_line_naming_the_field_and_write_nothing(tmp_path, capsys):
+    for i, (bad, word) in enumerate(BAD_INPUT):
+        out = tmp_path / f"run{i}"
+        argv = ["--set", f"run.out_dir={out}"]
+        if isinstance(bad, (str, bytes)):
+            (tmp_path / f"bad{i}.toml").write_bytes(bad if isinstance(bad, bytes) else bad.encode())
+            argv = ["--config", str(tmp_path / f"bad{i}.toml"), *argv]
+        else:
+            argv += bad
+        code = train.main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and word in err and len(err.strip().splitlines()) == 1 and not out.exists(), (bad, code, err)
+
+
+NAN_MODULES = {"classify": ["blocks.0.0", "blocks.0.1", "blocks.0.2", "head"],
+               "lm": ["wte", "blocks.0.attn", "blocks.1.mlp.c_fc", "ln_f"]}
+
+
+@pytest.mark.parametrize("task", ["classify", "lm"])
+def test_a_nan_at_a_random_step_stops_before_that_step_names_the_module_and_keeps_the_last_good_checkpoint(
+        task, tasks, tmp_path, capsys):
+    rng = random.Random()
+    step, module = rng.randrange(5, STEPS), rng.choice(NAN_MODULES[task])
+    run_dir = tmp_path / "run"
+    code = train.main(["--set", *sets({**tasks[task], "run.out_dir": str(run_dir)})],
+                      [Faults(nan_step=step, nan_module=module)])
+    err = capsys.readouterr().err
+    assert code == 1 and f"at step {step} " in err and f"output: {module} " in err, err
+    assert max(train_records(run_dir)) == step - 1  # the NaN step itself never updated the weights or got logged
+    assert all(checkpoint.step_of(p) < step for p in run_dir.glob("*.pt"))
+    assert checkpoint.load(run_dir / "last.pt")["step"] < step
+
+
+def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**TINY, "train.max_steps": 3}, run_dir))
+    good = (run_dir / "last.pt").read_bytes()
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0xFF  # inside a tensor: torch.load alone would not notice
+    cases = {"corrupted": bytes(flipped), "unreadable": good[: len(good) // 3], "not a checkpoint of this template":
+             None}
+    for word, content in cases.items():
+        bad = tmp_path / f"{word.split()[0]}.pt"
+        if content is None:
+            torch.save({"model": {}}, bad)
+        else:
+            bad.write_bytes(content)
+        code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / f"new-{word[:4]}"),
+                                "checkpoint.resume": str(bad)})])
+        err = capsys.readouterr().err
+        assert code == 1 and word in err and str(bad) in err, (word, code, err)
+    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir), "checkpoint.resume": "auto",
+                                       "model.name": "resnet"})])
+    err = capsys.readouterr().err
+    assert code == 2 and "model.name" in err, err  # resumed into another model
+    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / "ft"), "model.mlp.hidden": 48,
+                            "checkpoint.init_from": str(run_dir / "last.pt")})])
+    err = capsys.readouterr().err
+    assert code == 1 and "shapes differ" in err, err  # init_from a differently sized model
