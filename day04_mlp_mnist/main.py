@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import torch
 import torch.nn as nn
 
-from day04_mlp_mnist.report import plot_curves
-from sprint import machine, read_json, runs_dir, write_fragment
+from day04_mlp_mnist.report import plot_curves, readme_results
+from sprint import machine, runs_dir, write_fragment
 from sprint.cli import UserError, arg, parse, progress, run, validate
 from sprint.data import SIZES, mnist_split, mnist_tensors
 from sprint.device import pick_device
@@ -223,19 +223,6 @@ def train(cfg: Config, out_dir: Path | None = None, log=print) -> dict:
         log(f"wrote {Path(out_dir) / 'metrics.jsonl'}, curves.png and summary.json")
         write_fragment(Path(out_dir), readme_results)
     return result
-
-
-def readme_results(results: Path) -> str:
-    """The README's run of seed 0 (`summary.json`, `metrics.jsonl`) and seed 1's accuracy (`bench.json`, from
-    `bench.py`, which stays torch-free: after a new bench run, `python scripts/report.py --readme` re-makes this)."""
-    summary, metrics = read_json(results / "summary.json"), read_json(results / "metrics.jsonl")
-    seed1 = read_json(results / "bench.json")["rows"][1]["main"]["test_acc"]
-    curve = " → ".join(f"{row['val_acc']:.2%}" for row in metrics)
-    return (f"`python day04_mlp_mnist/main.py --out day04_mlp_mnist/results` (seed 0; "
-            f"[`results/summary.json`](results/summary.json), [`results/metrics.jsonl`](results/metrics.jsonl)): "
-            f"{summary['params']:,} parameters, {summary['n_train']:,} training / {summary['n_val']:,} validation "
-            f"images, validation accuracy {curve} over the {summary['config']['epochs']} epochs, then **test accuracy "
-            f"{summary['test_acc']:.2%}**, evaluated once. Seed 1 (a row of the benchmark below): {seed1:.2%}.")
 
 
 def main(argv=None) -> dict:

@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate, get_w
 from torchvision.transforms import v2
 
 from day04_mlp_mnist.main import MLP
-from day05_dataloader.report import augmentation_report, interpret, plot_augmentations, write_timing
-from sprint import read_json, runs_dir, write_fragment
+from day05_dataloader.report import augmentation_report, interpret, plot_augmentations, readme_demos, write_timing
+from sprint import runs_dir, write_fragment
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import MEAN, SIZES, STD, raw_paths, read_idx, read_idx_header
 from sprint.device import pick_device
@@ -270,21 +270,6 @@ def run_demos(cfg: Config, dataset: MNISTFiles, out: Path) -> None:
     (out / "demos.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(f"    wrote {out / 'augmentations.png'}, {out / 'demos.json'}")
     write_fragment(out, readme_demos)
-
-
-def readme_demos(results: Path) -> str:
-    """The README's collate and augmentation figures, from `demos.json`: the real `default_collate` error, the padded
-    batch, and training image 0 augmented in 2 workers, seed 0 twice, then seed 1."""
-    demos = read_json(results / "demos.json")
-    lengths = demos["lengths"]
-    return "\n".join([
-        f"`default_collate` on three byte-encoded sentences of lengths {', '.join(map(str, lengths[:-1]))} and "
-        f"{lengths[-1]} (the real message, captured):", "```", demos["default_collate_error"], "```",
-        f"`pad_collate` returns `padded` of shape {tuple(demos['padded_shape'])} and `lengths` {lengths}.", "",
-        f"Augmentation of training image 0 in two workers: identical across two runs with seed 0 (max pixel "
-        f"difference {demos['max_diff_between_runs']:.0f}), different between worker 0 and worker 1 (max pixel "
-        f"difference {demos['max_diff_between_workers']:.0f}) and between seeds 0 and 1 "
-        f"({demos['max_diff_between_seeds']:.0f})."])
 
 
 def main(argv=None) -> dict:

@@ -1,11 +1,13 @@
 """Day 5's evidence and report: the augmentation runs compared, what the worker-timing table means, the table itself
-(Markdown + CSV), its bar chart, and the grid of augmented digits."""
+(Markdown + CSV), its bar chart, the grid of augmented digits, and the README's collate and augmentation figures
+(`results/readme_demos.md`)."""
 import csv
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from sprint import read_json
 from sprint.plots import save, subplots
 
 
@@ -103,3 +105,18 @@ def plot_augmentations(original: torch.Tensor, aug: dict, path: Path) -> None:
         ax.set_title(title, fontsize=8)
         ax.axis("off")
     save(fig, path)
+
+
+def readme_demos(results: Path) -> str:
+    """The README's collate and augmentation figures, from `demos.json`: the real `default_collate` error, the padded
+    batch, and training image 0 augmented in 2 workers, seed 0 twice, then seed 1."""
+    demos = read_json(results / "demos.json")
+    lengths = demos["lengths"]
+    return "\n".join([
+        f"`default_collate` on three byte-encoded sentences of lengths {', '.join(map(str, lengths[:-1]))} and "
+        f"{lengths[-1]} (the real message, captured):", "```", demos["default_collate_error"], "```",
+        f"`pad_collate` returns `padded` of shape {tuple(demos['padded_shape'])} and `lengths` {lengths}.", "",
+        f"Augmentation of training image 0 in two workers: identical across two runs with seed 0 (max pixel "
+        f"difference {demos['max_diff_between_runs']:.0f}), different between worker 0 and worker 1 (max pixel "
+        f"difference {demos['max_diff_between_workers']:.0f}) and between seeds 0 and 1 "
+        f"({demos['max_diff_between_seeds']:.0f})."])

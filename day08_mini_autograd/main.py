@@ -26,8 +26,8 @@ import torch
 from day08_mini_autograd import tensor_engine as te
 from day08_mini_autograd.engine import Value, propagate, topological_order
 from day08_mini_autograd.nn import MLP
-from day08_mini_autograd.report import print_experiments, write_results
-from sprint import markdown_table, read_json, runs_dir, write_fragment
+from day08_mini_autograd.report import print_experiments, readme_mnist, readme_xor, write_results
+from sprint import runs_dir, write_fragment
 from sprint.cli import UserError, arg, parse, progress, run, validate
 from sprint.data import mnist_tensors
 
@@ -265,35 +265,6 @@ def main(argv=None):
     write_fragment(out, readme_xor)
     write_fragment(out, readme_mnist)
     return {"experiments": experiments, "mnist": mnist}
-
-
-def readme_xor(results: Path) -> str:
-    """The README's table of the four self-check questions, from `summary.json`."""
-    d = read_json(results / "summary.json")
-    x = f"{d['probe_x']:.0f}"
-    return markdown_table(["question", "experiment", "measured", "gate"], [
-        ["—", "correct engine: XOR final MSE", f"**{d['xor_final_loss']:.5f}**", "< 0.01"],
-        ["(1) `=` instead of `+=`", f"d(x·x)/dx at x = {x}",
-         f"**{d['square_grad_overwrite']:.0f}** instead of {d['square_grad_exact']:.0f}: the second path overwrites "
-         "the first", "gap > 10%"],
-        ["", "XOR final MSE",
-         f"**{d['xor_overwrite_final_loss']:.3f}**: each weight keeps only its last contribution", "> 0.1"],
-        ["(2) no gradient reset", "XOR final MSE", f"**{d['xor_no_zero_grad_final_loss']:.3f}**, never below "
-         f"{d['xor_no_zero_grad_min_loss']:.3f}: every step replays all past gradients", "> 0.1"],
-        ["(3) no topological order", f"diamond `y = (u+1)·(2u)`, `u = x·x`, dy/dx at x = {x}",
-         f"**{d['diamond_grad_no_topological']:.0f}** instead of {d['diamond_grad_exact']:.0f}: `u` passed its "
-         "gradient on before its second consumer added to it", "gap > 10%"],
-        ["(4) same net in PyTorch", "worst gradient error vs `torch.autograd`, float64, as a share of its tolerance",
-         f"**{d['torch_grad_tolerance_used_init']:.1e}** at the start, "
-         f"**{d['torch_grad_tolerance_used_trained']:.1e}** after training", "≤ 1"],
-    ])
-
-
-def readme_mnist(results: Path) -> str:
-    """The README's MNIST table, one row per epoch of `summary.json`'s `mnist.history`."""
-    history = read_json(results / "summary.json")["mnist"]["history"]
-    return markdown_table(["epoch", "train loss", "test accuracy"],
-                          [[r["epoch"], f"{r['train_loss']:.3f}", f"{r['test_acc']:.2%}"] for r in history])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Day 8's report: the experiments' answers in words, the plot and the summary file that `main.py` writes."""
+"""Day 8's report: the experiments' answers in words, the plot and the summary file that `main.py` writes, and the
+README's XOR and MNIST tables (`results/readme_*.md`)."""
 import json
+from pathlib import Path
 
-from sprint import machine
+from sprint import machine, markdown_table, read_json
 from sprint.plots import save, subplots
 
 
@@ -47,3 +49,32 @@ def write_results(out, experiments, mnist):
     summary["mnist"] = mnist
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out / 'day08.png'} and summary.json")
+
+
+def readme_xor(results: Path) -> str:
+    """The README's table of the four self-check questions, from `summary.json`."""
+    d = read_json(results / "summary.json")
+    x = f"{d['probe_x']:.0f}"
+    return markdown_table(["question", "experiment", "measured", "gate"], [
+        ["—", "correct engine: XOR final MSE", f"**{d['xor_final_loss']:.5f}**", "< 0.01"],
+        ["(1) `=` instead of `+=`", f"d(x·x)/dx at x = {x}",
+         f"**{d['square_grad_overwrite']:.0f}** instead of {d['square_grad_exact']:.0f}: the second path overwrites "
+         "the first", "gap > 10%"],
+        ["", "XOR final MSE",
+         f"**{d['xor_overwrite_final_loss']:.3f}**: each weight keeps only its last contribution", "> 0.1"],
+        ["(2) no gradient reset", "XOR final MSE", f"**{d['xor_no_zero_grad_final_loss']:.3f}**, never below "
+         f"{d['xor_no_zero_grad_min_loss']:.3f}: every step replays all past gradients", "> 0.1"],
+        ["(3) no topological order", f"diamond `y = (u+1)·(2u)`, `u = x·x`, dy/dx at x = {x}",
+         f"**{d['diamond_grad_no_topological']:.0f}** instead of {d['diamond_grad_exact']:.0f}: `u` passed its "
+         "gradient on before its second consumer added to it", "gap > 10%"],
+        ["(4) same net in PyTorch", "worst gradient error vs `torch.autograd`, float64, as a share of its tolerance",
+         f"**{d['torch_grad_tolerance_used_init']:.1e}** at the start, "
+         f"**{d['torch_grad_tolerance_used_trained']:.1e}** after training", "≤ 1"],
+    ])
+
+
+def readme_mnist(results: Path) -> str:
+    """The README's MNIST table, one row per epoch of `summary.json`'s `mnist.history`."""
+    history = read_json(results / "summary.json")["mnist"]["history"]
+    return markdown_table(["epoch", "train loss", "test accuracy"],
+                          [[r["epoch"], f"{r['train_loss']:.3f}", f"{r['test_acc']:.2%}"] for r in history])

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from day04_mlp_mnist import main as day04
-from day09_cnn.report import write_report
-from sprint import read_json, runs_dir, write_fragment
+from day09_cnn.report import readme_residual, write_report
+from sprint import runs_dir, write_fragment
 from sprint.cli import UserError, arg, parse, progress, run, validate
 from sprint.data import mnist_split, mnist_tensors
 from sprint.device import pick_device
@@ -256,22 +256,6 @@ def main(argv=None) -> dict:
     lines = write_report(out, result, demo)
     write_fragment(out, readme_residual)
     return result | {"conclusion": lines, "state_dict": demo}
-
-
-def readme_residual(results: Path) -> str:
-    """The README's residual-connection figures, from `summary.json`: the first-layer gradient of the deepest plain
-    and residual stacks (one value per seed), their ranges and the smallest residual / plain ratio."""
-    res = read_json(results / "summary.json")["residual"]
-    plain, resid = res["plain"][-1], res["residual"][-1]
-    ratio = min(r / p for r, p in zip(resid, plain))
-    return (
-        f"At depth {res['depths'][-1]} the plain stack's first-layer gradient is {min(plain):.1e} to "
-        f"{max(plain):.1e} ({len(plain)} seeds): with PyTorch's default init each Linear + ReLU scales the backward "
-        "signal by about √(1/6) ≈ 0.41, and 0.41^40 ≈ 3e-16. The identity path adds 1 to every layer's Jacobian, so "
-        "the signal cannot vanish — without any normalisation it even grows "
-        f"({min(resid):.1e} to {max(resid):.1e} here), which is why real networks pair residual connections with "
-        "BatchNorm / LayerNorm and scaled initialisation. Gate: residual / plain ≥ 100 (two orders of magnitude) in "
-        f"every one of {len(plain)} seeds; the smallest measured ratio is {ratio:.1e}.")
 
 
 if __name__ == "__main__":

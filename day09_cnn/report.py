@@ -1,4 +1,5 @@
-"""Day 9's report: the comparison table, the generated "10-line conclusion", the plot and the state_dict notes.
+"""Day 9's report: the comparison table, the generated "10-line conclusion", the plot, the state_dict notes
+and the README's residual-connection figures (`results/readme_residual.md`).
 
 Every sentence of the conclusion is chosen by the measured figures, so it stays true when the ResNet wins, loses or
 ties (a shorter run, another seed, another machine).
@@ -6,7 +7,7 @@ ties (a shorter run, another seed, another machine).
 import json
 from pathlib import Path
 
-from sprint import machine
+from sprint import machine, read_json
 from sprint.plots import save, subplots
 
 
@@ -126,3 +127,19 @@ def write_report(out: Path, result: dict, demo: dict) -> list[str]:
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out}/comparison.png, comparison.md, state_dict.md, summary.json")
     return lines
+
+
+def readme_residual(results: Path) -> str:
+    """The README's residual-connection figures, from `summary.json`: the first-layer gradient of the deepest plain
+    and residual stacks (one value per seed), their ranges and the smallest residual / plain ratio."""
+    res = read_json(results / "summary.json")["residual"]
+    plain, resid = res["plain"][-1], res["residual"][-1]
+    ratio = min(r / p for r, p in zip(resid, plain))
+    return (
+        f"At depth {res['depths'][-1]} the plain stack's first-layer gradient is {min(plain):.1e} to "
+        f"{max(plain):.1e} ({len(plain)} seeds): with PyTorch's default init each Linear + ReLU scales the backward "
+        "signal by about √(1/6) ≈ 0.41, and 0.41^40 ≈ 3e-16. The identity path adds 1 to every layer's Jacobian, so "
+        "the signal cannot vanish — without any normalisation it even grows "
+        f"({min(resid):.1e} to {max(resid):.1e} here), which is why real networks pair residual connections with "
+        "BatchNorm / LayerNorm and scaled initialisation. Gate: residual / plain ≥ 100 (two orders of magnitude) in "
+        f"every one of {len(plain)} seeds; the smallest measured ratio is {ratio:.1e}.")

@@ -37,7 +37,7 @@ from torchvision.transforms import v2
 from day04_mlp_mnist.main import MLP
 from day11_profile.bands import classify
 from day11_profile.gpu_util import gpu_utilisation
-from sprint import read_json, runs_dir, write_fragment
+from sprint import runs_dir, write_fragment
 from sprint.cli import arg, parse, progress, run, unwritable, validate
 from sprint.data import MEAN, STD, mnist
 from sprint.device import pick_device
@@ -292,15 +292,8 @@ def main(argv=None) -> dict:
     study = report.write(study, out)
     print(f"\n{report.conclusion(study).replace('**', '')}\n\nwrote {out}/report.md, before_after.png, "
           f"key_averages_*.txt, summary.json; traces in {cfg.prof_dir}")
-    write_fragment(out, readme_intro)
+    write_fragment(out, report.readme_intro)
     return study
-
-
-def readme_intro(results: Path) -> str:
-    """The README's first line of results: the command, the machine, the wall time (`summary.json`)."""
-    summary = read_json(results / "summary.json")
-    return (f"`python day11_profile/main.py --out day11_profile/results` on {summary['machine']}; the whole run took "
-            f"{summary['wall_s']:.0f} s. Full report: [results/report.md](results/report.md).")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Day 11's report: the profiler's tables read back, the generated conclusion, the Markdown report and the chart,
-built from `main.run_study()`'s figures."""
+built from `main.run_study()`'s figures, and the README's first line of results (`results/readme_intro.md`)."""
 import gzip
 import json
 import statistics
@@ -11,7 +11,7 @@ import torch
 from day11_profile.bands import BANDS
 from day11_profile.main import LABELS
 from sprint import REPO_ROOT
-from sprint import machine
+from sprint import machine, read_json
 from sprint.plots import save, subplots
 
 
@@ -237,3 +237,10 @@ def write(study: dict, out: Path) -> dict:
                "profiles": {n: {k: v for k, v in p.items() if k != "table"} for n, p in study["profiles"].items()}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return study
+
+
+def readme_intro(results: Path) -> str:
+    """The README's first line of results: the command, the machine, the wall time (`summary.json`)."""
+    summary = read_json(results / "summary.json")
+    return (f"`python day11_profile/main.py --out day11_profile/results` on {summary['machine']}; the whole run took "
+            f"{summary['wall_s']:.0f} s. Full report: [results/report.md](results/report.md).")

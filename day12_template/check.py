@@ -308,6 +308,7 @@ def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_
     env = child_env(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", VIRTUAL_ENV=str(venv), PYTHONPATH="",
                     PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0")
     code, text = launch(["bash", "ci.sh"], cwd=copy, env=env, timeout=600)
+    print(text[-6000:])  # pytest shows it when a gate below fails
     gates.check("the copy's ci.sh (install, template-train --help, pytest): exit code", code, "==", 0)
     summary = re.search(r"(\d+) passed.* in ([\d.]+)s", text)
     assert summary and not re.search(r"failed|skipped|error", summary.group(0)), text[-3000:]

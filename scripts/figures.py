@@ -22,23 +22,23 @@ from functools import partial
 from pathlib import Path
 
 from day01_env_and_tensors.main import readme_environment
-from day04_mlp_mnist.main import readme_results
-from day05_dataloader.main import readme_demos
+from day04_mlp_mnist.report import readme_results
+from day05_dataloader.report import readme_demos
 from day06_ckpt_resume.overfit_lab import gap_ratios, readme_overfit
 from day06_ckpt_resume.prove_resume import readme_optimizer, readme_resume, state_verdict
-from day07_amp_accum.main import by_precision, readme_cpu_bf16, readme_precision, readme_training
+from day07_amp_accum.report import by_precision, readme_cpu_bf16, readme_precision, readme_training
 from day07_amp_accum.optim_lab import linear_rule, readme_optim, warmup_range
 from day08_mini_autograd.bench import readme_bench
-from day08_mini_autograd.main import readme_mnist, readme_xor
+from day08_mini_autograd.report import readme_mnist, readme_xor
 from day09_cnn.bench import readme_seeds
-from day09_cnn.main import readme_residual
+from day09_cnn.report import readme_residual
 from day09_cnn.norms_lab import forgotten_eval_cost, norm_acc, norms_line, readme_norms
 from day09_cnn.transfer_lab import transfer_gains
 from day10_bigbatch_ckpt.levers_lab import lora_share
-from day10_bigbatch_ckpt.main import (cut, linear_ratio, matches, memtable, readme_intro as day10_intro,
-                                      readme_memcalc, readme_memory, readme_timings)
+from day10_bigbatch_ckpt.report import (cut, linear_ratio, matches, memtable, readme_intro as day10_intro,
+                                        readme_memcalc, readme_memory, readme_timings)
 from day11_profile.compile_lab import compiled_ratio, readme_compile
-from day11_profile.main import readme_intro as day11_intro
+from day11_profile.report import readme_intro as day11_intro
 from sprint import fragment_text, markdown_table, read_json, wrap
 
 ROOT = Path(__file__).resolve().parents[1]

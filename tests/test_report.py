@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import figures  # noqa: E402
 import report  # noqa: E402
-from day07_amp_accum import main as day07  # noqa: E402
+from day07_amp_accum import report as day07  # noqa: E402
 from sprint import fragment_text, write_fragment  # noqa: E402
 
 
