@@ -454,13 +454,14 @@ def test_bad_token_files_are_one_line_exit_1_and_no_run_folder(fault, tmp_path, 
 
 
 def test_doctor_checks_the_gpt_first_loss_against_ln_vocabulary_and_names_an_injected_nan(tmp_path, capsys):
-    # Dropout 0: with dropout 0.1 this tiny GPT gets 8 windows to loss 0.12, not below the overfit check's 0.05.
-    values = {**TINY_LM, "model.gpt.dropout": 0.0, "run.out_dir": str(tmp_path / "run")}
+    values = {**TINY_LM, "model.gpt.dropout": 0.3, "run.out_dir": str(tmp_path / "run")}
     base = ["--set", *sets(values), "--out", str(tmp_path / "doctor")]
     code = doctor.main(["--symptom", "loss", *base])
     clean = capsys.readouterr().out
-    gates.check("doctor --symptom loss on a fresh GPT: exit code, first loss compared with ln(256)",
-                [code, "vs ln(256) = 5.545" in clean], "==", [0, True])
+    gates.check("doctor --symptom loss on a fresh GPT with dropout 0.3: exit code, first loss compared with ln(256), "
+                "overfit check run with dropout off", [code, "vs ln(256) = 5.545" in clean,
+                                                       "dropout off for this check; the config's is 0.3" in clean],
+                "==", [0, True, True])
     code = doctor.main(["--symptom", "nan", "--fault", "nan@blocks.1.attn", *base])
     text = capsys.readouterr().out
     gates.check("doctor --symptom nan --fault nan@blocks.1.attn on the GPT: exit 3 and the module named",

@@ -11,8 +11,8 @@
 The checks run cheapest first (troubleshoot/checklists.py) on a fresh model built from the config, or on the
 weights of checkpoint.init_from / the checkpoint checkpoint.resume points to. Each finding says what was measured,
 the checklist items it answers and, unless it is fine, the fix. --fault puts a known bug in (faults.py: breaks).
-Files: <run.out_dir>/doctor/ (report.txt: what it printed; findings.json; lr_range.png and .csv; text_data.md, the
-text checks as a table), or --out.
+Files: <run.out_dir>/doctor/ (report.txt: what it printed; report.md: the same, its findings as a table; findings.json;
+lr_range.png and .csv; text_data.md, the text checks as a table), or --out.
 Exit codes: 0 no problem found; 3 problems found; 1 data or checkpoint error; 2 bad config or flag.
 """
 import os
@@ -35,7 +35,7 @@ import models  # noqa: E402
 import runlog  # noqa: E402
 from faults import Faults, parse_breaks  # noqa: E402
 from troubleshoot.case import Case  # noqa: E402
-from troubleshoot.checklists import CHECKS, ITEMS, SYMPTOMS, items_of, plan  # noqa: E402
+from troubleshoot.checklists import CHECKS, ITEMS, SYMPTOMS, items_of, markdown_cell, plan  # noqa: E402
 from troubleshoot.checks import diagnose  # noqa: E402
 
 
@@ -86,13 +86,23 @@ def main(argv=None) -> int:
     made = [f.name for check, pattern in (("lr_range", "lr_range.*"), ("data", "text_data.md")) if check in seconds
             for f in out.glob(pattern)]  # the files this run's checks wrote
     say(f"{problems} problem(s), {sum(f.status == 'note' for f in findings)} note(s) in {len(findings)} findings; "
-        f"written: {out}/ ({', '.join(['report.txt', 'findings.json', *sorted(made)])})")
+        f"written: {out}/ ({', '.join(['report.txt', 'report.md', 'findings.json', *sorted(made)])})")
     out.mkdir(parents=True, exist_ok=True)
     record = {"symptom": args.symptom, "config": config.to_dict(cfg), "faults": faults.breaks, "machine": machine,
               "device": str(case.device), "seconds": seconds, "findings": [vars(f) for f in findings]}
     (out / "findings.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     (out / "report.txt").write_text("\n".join(lines) + "\n")
+    write_markdown(lines, findings, out / "report.md")
     return 3 if problems else 0
+
+
+def write_markdown(lines: list[str], findings: list, path: Path) -> None:
+    """report.md: what report.txt says, its findings as one table (to paste into an issue or a pull request)."""
+    table = ["| # | check | status | items | finding | fix |", "|---:|---|---|---|---|---|"]
+    table += [f.markdown_row(i) for i, f in enumerate(findings, 1)]
+    head = [markdown_cell(line.strip()) for line in lines[:2]]  # the config, model and machine; the symptom
+    tail = [markdown_cell(line.strip()) for line in lines[-2:]]  # seconds per check; the counts
+    path.write_text("\n\n".join([*head, "\n".join(table), *tail]) + "\n")
 
 
 def cli() -> None:

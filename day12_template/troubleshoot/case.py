@@ -1,4 +1,5 @@
 """What the doctor's checks work on: a config's data (faults applied), its device, and fresh models on demand."""
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -32,9 +33,12 @@ class Case:
         # pays torch's one-time imports here, not inside the first check.
         self.optimizer(self.model())
 
-    def model(self) -> torch.nn.Module:
+    def model(self, dropout: bool = True) -> torch.nn.Module:
+        """The run's model with its initial weights (or the checkpoint's); dropout=False builds it with the model
+        table's dropout at 0, for the checks that must see the model learn without regularisation."""
+        model_cfg = self.cfg.model if dropout else without_dropout(self.cfg.model)
         torch.manual_seed(self.cfg.run.seed)  # every check starts with the same dropout masks ...
-        model = models.build(self.cfg.model, self.splits.info, self.cfg.run.seed)  # ... and the run's initial weights
+        model = models.build(model_cfg, self.splits.info, self.cfg.run.seed)  # ... and the run's initial weights
         if self.weights:
             checkpoint.load_weights(model, self.weights)
         model = model.to(self.device).train()
@@ -62,3 +66,12 @@ def weights_of(cfg: config.Config) -> Path | None:
         last = Path(cfg.run.out_dir) / "last.pt"
         return last if last.exists() else None
     return Path(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
+
+
+def without_dropout(model_cfg: config.Model) -> config.Model:
+    """The [model] section with the chosen model's table at dropout 0 (unchanged if the table has no dropout)."""
+    table = getattr(model_cfg, model_cfg.name)
+    if not getattr(table, "dropout", 0):
+        return model_cfg
+    return dataclasses.replace(model_cfg, tables={**model_cfg.tables,
+                                                  model_cfg.name: dataclasses.replace(table, dropout=0.0)})

@@ -7,6 +7,7 @@ of cost (free config review -> one forward -> one backward -> a few steps -> a p
 training runs); the doctor prints what each check took. The data checklist also asks the data questions of the NaN
 and loss checklists (`SHARED`).
 """
+import html
 from dataclasses import dataclass, field
 
 ITEMS = {
@@ -96,6 +97,17 @@ class Finding:
         if self.fix and self.status != "ok":
             lines.append(f"    fix: {self.fix}")
         return "\n".join(lines)
+
+    def markdown_row(self, number: int) -> str:
+        """The finding as a row of report.md's table: | # | check | status | items | finding | fix |."""
+        fix = self.fix if self.status != "ok" else ""
+        cells = [str(number), self.check, self.status, ", ".join(self.items) or "the check failed", self.text, fix]
+        return "| " + " | ".join(markdown_cell(c) for c in cells) + " |"
+
+
+def markdown_cell(text: str) -> str:
+    """Text for a Markdown table cell, shown as written: HTML escaped (`&egrave;` stays visible), `|` escaped."""
+    return html.escape(text, quote=False).replace("|", "\\|")
 
 
 def items_of(symptom: str) -> list[str]:

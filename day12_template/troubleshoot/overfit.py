@@ -1,7 +1,8 @@
 """Overfit one batch: the first test when the loss does not go down.
 
-Train on the same handful of samples again and again. A model that works memorises them: the loss falls to about
-0 within a few hundred steps. If it cannot, the bug is in the code (no gradient reaches the weights, the optimizer
+Train on the same handful of samples again and again, regularisation off (the doctor builds the model with dropout
+0: dropout fights memorising by design). A model that works memorises them: the loss falls to about 0 within a few
+hundred steps. If it cannot, the bug is in the code (no gradient reaches the weights, the optimizer
 does not move them, the loss is wrong, labels do not match inputs), not in the hyperparameters. Shuffled labels are
 no test of this: a few samples with wrong labels are memorised just as well. What truly cannot learn is a graph
 cut from the weights (all frozen, a `.detach()` or `no_grad` in forward) or an optimizer that never moves them
@@ -34,7 +35,7 @@ class OverfitResult:
         return not self.memorised or bool(self.unchanged) or self.error is not None
 
 
-def overfit_one_batch(model: nn.Module, optimizer: torch.optim.Optimizer, batch, steps: int = 200,
+def overfit_one_batch(model: nn.Module, optimizer: torch.optim.Optimizer, batch, steps: int = 300,
                       target: float = TARGET, loss_fn=F.cross_entropy, autocast=contextlib.nullcontext
                       ) -> OverfitResult:
     """Train `model` on `batch` ((x, y), e.g. 8 samples) for up to `steps` steps in train mode; stop once the loss
