@@ -398,7 +398,7 @@ def test_shakespeare_cpu_config_cut_to_600_steps_reaches_its_val_loss(tmp_path):
                                                                     "train.eval_every=600", "train.progress=off"])
     result = train.run(cfg)
     gates.check("shakespeare_cpu.toml (nanoGPT's CPU recipe) cut to 600 steps: val loss on the held-out works "
-                "(nats per byte; measured 2.30)", result["best_val_loss"], "<", 2.40)
+                "(nats per byte)", result["best_val_loss"], "<", 2.40)
 
 
 def token_folder(folder: Path, train_ids, val_ids, vocab: int, dtype: str = "uint16") -> Path:
@@ -1744,7 +1744,7 @@ def test_overfit_one_batch_memorises_with_the_mlp_and_flags_the_variants_that_ca
 
     clean = attempt()
     gates.check("MNIST MLP (shipped config), 8 samples: memorised (loss < 0.05)", clean.memorised, "==", True)
-    gates.check("MNIST MLP, 8 samples: steps to loss < 0.05 (of 200)", clean.steps, "<=", 200)
+    gates.check("MNIST MLP, 8 samples: steps to loss < 0.05 (of 300)", clean.steps, "<=", 300)
     gates.check("MNIST MLP, 8 samples: flagged", clean.flagged, "==", False)
     variants = {"every weight frozen": attempt(("freeze", "")), "learning rate 0": attempt(lr=0.0),
                 "graph detached at the head's output": attempt(("detach", "head")),
