@@ -373,9 +373,6 @@ def check_task(cfg: Config) -> None:
     if data_entry.task == "lm" and not cfg.train.steps:
         raise ConfigError(f"train.steps: {cfg.data.dataset} is text, trained for a number of optimizer steps; set "
                           f"train.steps (and train.eval_every)")
-    if data_entry.task == "lm" and cfg.train.epochs != Train.epochs:  # the default: what every dumped config holds
-        raise ConfigError(f"train.epochs applies to images; {cfg.data.dataset} is text, trained for train.steps "
-                          f"(now {cfg.train.steps}) and evaluated every train.eval_every: set those instead")
     if data_entry.task != "lm" and (cfg.train.steps or cfg.train.eval_every):
         raise ConfigError(f"train.steps/train.eval_every apply to text; {cfg.data.dataset} images train for "
                           f"train.epochs and evaluate once per epoch")

@@ -69,8 +69,6 @@ BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line m
     (["data.dataset=shakespeare", "train.steps=10"], "model.name=mlp learns the 'classify' task"),
     (["model.name=gpt", "data.dataset=shakespeare"], "train.steps"),
     (["train.steps=100"], "train.steps/train.eval_every apply to text"),
-    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "train.epochs=3"],
-     "train.epochs applies to images"),
     (["model.gpt.bias=maybe"], "model.gpt.bias"),
     (["model.gpt.n_layers=4"], "did you mean `model.gpt.n_layer`"),
     ("[model.transformer]\nn_layer = 4\n", "unknown config key `model.transformer`"),
