@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import torch
 
 from day01_env_and_tensors.diagnose_cuda import Diagnosis, diagnose_cuda
-from sprint import cpu_info, read_json, runs_dir, write_fragment
+from day01_env_and_tensors.report import readme_environment
+from sprint import cpu_info, runs_dir, write_fragment
 from sprint.cli import arg, parse, run, validate
 from sprint.device import pick_device
 
@@ -219,15 +220,6 @@ class Config:
 
     def __post_init__(self):
         validate(self)
-
-
-def readme_environment(results: Path) -> str:
-    """The README's environment line, from `report.json`."""
-    env = read_json(results / "report.json")["environment"]
-    mps = "yes" if env["mps_available"] else "no"
-    return (f"Environment: Python {env['python']}, torch {env['torch']}, torchvision {env['torchvision']}, "
-            f"`cuda_build` (`torch.version.cuda`) {env['cuda_build']}, `cuda_available` {env['cuda_available']}, "
-            f"device `{env['device']}`, {env['cpu_model']}, {env['cpu_count']} cores, MPS {mps}.")
 
 
 def main(argv=None) -> Report:

@@ -319,8 +319,8 @@ def readme_norms(results: Path) -> str:
         f"running statistics by {forgot['eval_pass_stats_change']:.3g}.",
         "- **RMSNorm** is LayerNorm without the centring, `x / sqrt(mean(x²) + eps) · weight`; the four-line module in "
         "`norms_lab.py` equals `torch.nn.RMSNorm` (same eps): max difference of outputs and gradients "
-        f"{lab['rmsnorm_max_diff']:.3g}. Its speed is not universal: on {lab['machine']} ({speed['threads']} thread, "
-        f"4096×1024 float32) LayerNorm's fused kernel took {speed['ms']['LayerNorm']:.2f} ms, `torch.nn.RMSNorm` "
+        f"{lab['rmsnorm_max_diff']:.3g}. Its speed is not universal: on {lab['machine']}, with "
+        f"{speed['threads']} torch thread(s) and a 4096×1024 float32 input, LayerNorm's fused kernel took {speed['ms']['LayerNorm']:.2f} ms, `torch.nn.RMSNorm` "
         f"{speed['ms']['torch.nn.RMSNorm']:.2f} ms and the four lines {speed['ms']['RMSNorm (ours)']:.2f} ms. The "
         "10–30% saving the curriculum quotes is for fused GPU kernels, where both are memory-bound and RMSNorm skips "
         "the mean."])

@@ -1744,7 +1744,8 @@ def test_overfit_one_batch_memorises_with_the_mlp_and_flags_the_variants_that_ca
 
     clean = attempt()
     gates.check("MNIST MLP (shipped config), 8 samples: memorised (loss < 0.05)", clean.memorised, "==", True)
-    gates.check("MNIST MLP, 8 samples: steps to loss < 0.05 (of 300)", clean.steps, "<=", 300)
+    # 7 steps measured: an optimizer that moves the weights too slowly fails this, not only a broken one
+    gates.check("MNIST MLP, 8 samples: steps to loss < 0.05", clean.steps, "<=", 50)
     gates.check("MNIST MLP, 8 samples: flagged", clean.flagged, "==", False)
     variants = {"every weight frozen": attempt(("freeze", "")), "learning rate 0": attempt(lr=0.0),
                 "graph detached at the head's output": attempt(("detach", "head")),

@@ -33,6 +33,7 @@ import models  # noqa: E402
 import sample  # noqa: E402
 import text  # noqa: E402
 import train  # noqa: E402
+from troubleshoot.checklists import markdown_cell  # noqa: E402
 
 CONFIGS = ["synthetic_smoke", "mnist_mlp", "mnist_resnet", "fashion_mnist_resnet", "imagefolder", "shakespeare_cpu",
            "shakespeare_gpu", "gpt2_124m"]
@@ -135,7 +136,8 @@ def doctor_demo(out: Path) -> str:
         print(f"\n== doctor.py {' '.join(flags)}", flush=True)
         code = doctor.main(["--config", str(HERE / "configs/mnist_mlp.toml"), *flags, "--out", str(out / name)])
         found = json.loads((out / name / "findings.json").read_text())["findings"]
-        problems = "<br>".join(f"{f['check']}: {f['text']}" for f in found if f["status"] == "PROBLEM") or "none"
+        problems = "<br>".join(markdown_cell(f"{f['check']}: {f['text']}") for f in found
+                               if f["status"] == "PROBLEM") or "none"
         lines.append(f"| [{name}](doctor/{name}/report.txt) | `{' '.join(flags)}` | {code} | {problems} |")
     return "\n".join(lines)
 

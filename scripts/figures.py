@@ -21,7 +21,7 @@ import re
 from functools import partial
 from pathlib import Path
 
-from day01_env_and_tensors.main import readme_environment
+from day01_env_and_tensors.report import readme_environment
 from day04_mlp_mnist.report import readme_results
 from day05_dataloader.report import readme_demos
 from day06_ckpt_resume.overfit_lab import gap_ratios, readme_overfit

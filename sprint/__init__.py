@@ -1,5 +1,6 @@
 """Small shared helpers: offline MNIST (`data`), device choice (`device`), gate recording (`gates`),
 command lines (`cli`), measurements (`measure`) and plots (`plots`)."""
+import inspect
 import json
 import os
 import platform
@@ -44,10 +45,12 @@ def markdown_table(header: list[str], rows: list[list], align: str = "") -> str:
 
 def wrap(text: str, width: int = 118) -> str:
     """Prose lines folded at `width` like the hand-written text around them (bullets keep a hanging indent); table
-    rows stay whole, and so does `code`."""
-    lines = []
+    rows, fenced blocks and `code` stay whole."""
+    lines, fenced = [], False
     for line in text.split("\n"):
-        if line.startswith("|") or len(line) <= width:
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or line.startswith(("|", "```")) or len(line) <= width:
             lines.append(line)
             continue
         indent = "  " if line.startswith("- ") else ""
@@ -64,10 +67,13 @@ def fragment_text(fragment, results: Path) -> str:
 
 def write_fragment(out: Path, fragment) -> None:
     """`out/<fragment's name>.md`: Markdown made from the results files in `out`, which the day's README includes
-    verbatim (`<!-- include: results/NAME.md -->`: its links are relative to the day folder). Not written, with a
-    line saying why, while a results file it reads is missing (a first run into a fresh `--out` folder) or lacks a
-    figure it quotes (a run with smaller settings than the committed one: fewer batches, seeds or modes). The
-    committed fragments are checked without either excuse (tests/test_report.py)."""
+    verbatim (`<!-- include: results/NAME.md -->`: its links are relative to the day folder). Written only into the
+    day's own `results/` (a run into `runs/`, or the AVX2-capped run's `results/avx2/`, has no README to feed), and
+    there not written, with a line saying why, while a results file it reads is missing or lacks a figure it quotes
+    (a run with smaller settings than the committed one: fewer batches, seeds or modes). The committed fragments are
+    checked without either excuse (tests/test_report.py)."""
+    if Path(out).resolve() != Path(inspect.getfile(fragment)).resolve().parent / "results":
+        return
     try:
         text = fragment_text(fragment, out)
     except FileNotFoundError as exc:

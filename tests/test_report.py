@@ -68,8 +68,16 @@ def test_a_changed_results_file_or_fragment_is_found(tmp_path):
     summary["training"]["test_acc"] -= 0.01
     (results / "summary.json").write_text(json.dumps(summary))
     assert fragment_text(fragment, results) != (results / "readme_training.md").read_text()
-    write_fragment(results, fragment)
+    (results / "readme_training.md").write_text(fragment_text(fragment, results))  # what a rerun writes there
     assert figures.render(readme, tmp_path / "README.md") != readme
+
+
+def test_a_run_outside_the_days_results_folder_writes_no_fragment(tmp_path):
+    """`runs/` and the AVX2-capped run's `results/avx2/` feed no README: no stray fragment files, no noise."""
+    results = Path(shutil.copytree(ROOT / "day07_amp_accum" / "results", tmp_path / "results"))
+    (results / "readme_training.md").unlink()
+    write_fragment(results, day07.readme_training)
+    assert not (results / "readme_training.md").exists()
 
 
 def test_a_block_without_its_end_marker_is_an_error(tmp_path):

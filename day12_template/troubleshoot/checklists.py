@@ -8,6 +8,7 @@ training runs); the doctor prints what each check took. The data checklist also 
 and loss checklists (`SHARED`).
 """
 import html
+import re
 from dataclasses import dataclass, field
 
 ITEMS = {
@@ -106,8 +107,11 @@ class Finding:
 
 
 def markdown_cell(text: str) -> str:
-    """Text for a Markdown table cell, shown as written: HTML escaped (`&egrave;` stays visible), `|` escaped."""
-    return html.escape(text, quote=False).replace("|", "\\|")
+    """Text for a Markdown table cell, shown as written: HTML escaped outside `code` (`&egrave;` and `<lambda>` stay
+    visible; a code span shows its text as it is), `|` escaped everywhere (GFM splits cells on it even in code)."""
+    parts = re.split(r"(`[^`]*`)", text)
+    shown = [part if part.startswith("`") else html.escape(part, quote=False) for part in parts]
+    return "".join(shown).replace("|", "\\|")
 
 
 def items_of(symptom: str) -> list[str]:

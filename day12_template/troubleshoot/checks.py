@@ -236,7 +236,7 @@ def check_anomaly(case: Case) -> list[Finding]:
 
 
 def check_overfit(case: Case) -> list[Finding]:
-    """Memorising 8 samples is a test of the code, so regularisation is off: dropout fights memorisation by design
+    """Memorising 8 samples is a test of the code, so dropout is off: it fights memorisation by design
     (the shipped shakespeare_gpu config's 0.2 holds 8 windows above loss 1 for 200 steps)."""
     model = case.model(dropout=False)
     r = overfit_one_batch(model, case.optimizer(model), next(case.batches(8)), loss_fn=case.task.loss,

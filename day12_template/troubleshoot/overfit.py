@@ -1,7 +1,7 @@
 """Overfit one batch: the first test when the loss does not go down.
 
-Train on the same handful of samples again and again, regularisation off (the doctor builds the model with dropout
-0: dropout fights memorising by design). A model that works memorises them: the loss falls to about 0 within a few
+Train on the same handful of samples again and again, dropout off (the doctor builds the model with dropout 0:
+dropout fights memorising by design). A model that works memorises them: the loss falls to about 0 within a few
 hundred steps. If it cannot, the bug is in the code (no gradient reaches the weights, the optimizer
 does not move them, the loss is wrong, labels do not match inputs), not in the hyperparameters. Shuffled labels are
 no test of this: a few samples with wrong labels are memorised just as well. What truly cannot learn is a graph
