@@ -223,9 +223,6 @@ def test_rmsnorm_in_four_lines_equals_torch_rmsnorm(norms):
 # ------------------------------------------------------------------------------------------------------------
 # Transfer learning (transfer_lab.py): the MNIST ResNet of the default run as the backbone, Fashion-MNIST as the task
 # ------------------------------------------------------------------------------------------------------------
-needs_fashion = pytest.mark.skipif(not data.fashion_available(),
-                                   reason=f"Fashion-MNIST absent: `apt-get install dataset-fashion-mnist` puts it in "
-                                          f"{data.FASHION_DIR}")
 REGIME = {r.name: r for r in transfer.REGIMES}
 
 
@@ -247,7 +244,6 @@ def backbone():
     return day.train(day.Config(epochs=1, train_subset=1024, val_size=256), log=lambda *_: None)["model"].cpu()
 
 
-@needs_fashion
 def test_a_frozen_backbone_trains_only_the_head_and_keeps_its_batchnorm_statistics(backbone):
     before, model, optimizer = fine_tuned("linear probe", backbone)
     pretrained = backbone.state_dict()
@@ -262,7 +258,6 @@ def test_a_frozen_backbone_trains_only_the_head_and_keeps_its_batchnorm_statisti
     assert changed == ["fc.weight", "fc.bias"], changed  # running means/variances included: BN stayed in eval mode
 
 
-@needs_fashion
 def test_the_last_stage_regime_trains_the_last_stage_and_the_head_only(backbone):
     before, model, optimizer = fine_tuned("last stage + head", backbone)
     expected = sum(p.numel() for name, p in model.named_parameters() if name.startswith(("stages.2.", "fc.")))
@@ -275,7 +270,6 @@ def test_the_last_stage_regime_trains_the_last_stage_and_the_head_only(backbone)
     assert trained_unmoved == [], trained_unmoved  # running statistics included: its BatchNorm layers train
 
 
-@needs_fashion
 def test_full_fine_tuning_gives_the_backbone_a_tenth_of_the_head_learning_rate(backbone):
     _, model, optimizer = fine_tuned("full fine-tune", backbone, steps=1)
     peak = {group["name"]: group["max_lr"] for group in optimizer.param_groups}
@@ -285,7 +279,6 @@ def test_full_fine_tuning_gives_the_backbone_a_tenth_of_the_head_learning_rate(b
                 len(list(model.parameters())))
 
 
-@needs_fashion
 def test_the_labelled_subset_is_class_balanced_and_drawn_by_its_seed(tmp_path):
     (_, y), _ = data.fashion_split(5000)
     subsets = {seed: transfer.labelled_subset(y, 1000, seed) for seed in (0, 1)}
@@ -300,7 +293,6 @@ def test_the_labelled_subset_is_class_balanced_and_drawn_by_its_seed(tmp_path):
 
 
 @pytest.mark.slow
-@needs_fashion
 def test_at_100_labels_the_pretrained_last_stage_beats_scratch_and_a_random_backbone_on_both_seeds(default_run):
     """The lab's effect, re-measured on the default run's MNIST ResNet (Day 9's recipe, as the lab's backbone).
     Measured first over seeds 0-5 (the README gives the command): +0.6 to +4.6 points over scratch, so the gate asks

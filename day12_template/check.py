@@ -63,8 +63,8 @@ import troubleshoot as ts  # noqa: E402
 import zero_lab  # noqa: E402
 from troubleshoot import checks  # noqa: E402
 from faults import Faults  # noqa: E402
-from helpers import (FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, full, launch, reached,  # noqa: E402
-                     sets, sha, tiny_lm, train_records)
+from helpers import (FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, every_record, full,  # noqa: E402
+                     launch, reached, sets, sha, tiny_lm, train_records)
 from sprint.gates import Gates, run_this_file  # noqa: E402
 
 gates = Gates(__file__)
@@ -299,10 +299,11 @@ def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_p
 def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_in_90_s(tmp_path):
     """The copy's CI (ci.sh: `pip install -e ".[test]"`, the command, its pytest) in a fresh virtual environment that
     sees this one's packages, so nothing is downloaded; then the installed command trains the smoke config."""
+    from sprint.venv import seeing_this_environment  # from a venv, conda or the base interpreter (tests/test_venv.py)
+
     copy = Path(shutil.copytree(HERE, tmp_path / "my_project",
                                 ignore=shutil.ignore_patterns("runs", "__pycache__", "*.egg-info")))
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    venv = seeing_this_environment(tmp_path / "venv")
     # The venv runs this environment's pip and setuptools. PIP_NO_BUILD_ISOLATION=0 *turns isolation off* (pip reads
     # its --no-* variables inverted), so the build uses the installed setuptools; PIP_NO_INDEX forbids downloads.
     env = child_env(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", VIRTUAL_ENV=str(venv), PYTHONPATH="",
@@ -321,7 +322,6 @@ def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_
 
 
 # --- datasets and models switched by config only -------------------------------------------------------------------
-FASHION = Path("/usr/share/datasets/fashion-mnist")
 SWITCHES = {
     "mnist + mlp": {"data.dataset": "mnist"},
     "mnist + resnet": {"data.dataset": "mnist", "model.name": "resnet", "model.resnet.widths": [8, 16, 16],
@@ -337,8 +337,6 @@ SWITCHES = {
 @pytest.mark.parametrize("name", SWITCHES)
 def test_switching_dataset_or_model_is_a_config_change_and_each_trains(name, tmp_path):
     values = {**SMALL_MNIST, **SWITCHES[name]}
-    if values["data.dataset"] == "fashion_mnist" and not (FASHION / "train-images-idx3-ubyte.gz").exists():
-        pytest.skip(f"Fashion-MNIST files absent: `apt-get install dataset-fashion-mnist` puts them in {FASHION}")
     if values["data.dataset"] == "imagefolder":
         values["data.root"] = str(demo.make_digits(tmp_path / "digits", {"train": 40, "test": 5}))
     result = train.run(cfg_of(values, tmp_path / "run"))
@@ -1220,14 +1218,15 @@ def torchrun(plan: list, tmp: Path, name: str, kill_when=None, ranks: int = 2):
 def dist_runs(tmp_path_factory):
     """Launch 1: E (DDP, no dropout, grad_accum=2), A (DDP), F (FSDP, stopped by max_steps), EL, AL and FL (the
     same three for the GPT, FL not stopped), FE (EL under FSDP, stopped at step 12), the GPT built under FSDP and
-    DDP (its peak measured), FM and DM (the GPT in bf16 under FSDP and DDP, 12 steps), S (DDP, SIGTERM to torchrun
-    at a random step). Launch 2: S resumed under
+    DDP (its peak measured), FM and DM (the GPT in bf16 under FSDP and DDP, 12 steps), FP and FR (FL stopped by
+    SIGTERM at its first evaluation period's last step and at its last step), S (DDP, SIGTERM to torchrun at a random
+    step). Launch 2: FP and FR resumed, S resumed under
     DDP, F and G (a single-process run) resumed under FSDP, B (a BatchNorm ResNet under DDP), FI (FSDP
     initialised from E1's weights), BF (B under FSDP, channels_last).
     Meanwhile, in this process: E's and EL's single-process twins with the same global batch, G, and S's and F's
     checkpoints resumed in a single process."""
     tmp, rng = tmp_path_factory.mktemp("dist"), random.Random()
-    dirs = {k: tmp / k for k in "E A F S E1 S1 F1 G B EL AL FL EL1 FM DM FD FE FI BF".split()}
+    dirs = {k: tmp / k for k in "E A F S E1 S1 F1 G B EL AL FL EL1 FM DM FD FE FI BF FP FR".split()}
     audit = tmp / "audit"
     audit.mkdir()
     e_vals, el_vals = {**DIST, "model.mlp.dropout": 0.0}, {**DIST_LM, "model.gpt.dropout": 0.0}
@@ -1249,6 +1248,8 @@ def dist_runs(tmp_path_factory):
              {"set": sets({**mixed, "train.strategy": "fsdp", "run.out_dir": str(dirs["FM"])}),
               "dtypes": str(tmp / "dtypes.json")},
              {"set": sets({**mixed, "train.strategy": "ddp", "run.out_dir": str(dirs["DM"])})},
+             *({"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs[k])}),
+                "faults": f"stop_at={step}", "stops": True} for k, step in (("FP", 16), ("FR", STEPS))),
              {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["S"])}),
               "faults": "step_sleep=0.05"}]
     stop_at = rng.randrange(5, 2 * 16 - 4)
@@ -1277,7 +1278,9 @@ def dist_runs(tmp_path_factory):
              {"set": sets({**DIST, "train.strategy": "fsdp", "train.max_steps": 1, "run.out_dir": str(dirs["FI"]),
                            "checkpoint.init_from": str(dirs["E1"] / "last.pt")}), "init": str(audit / "init-FI.pt")},
              {"set": sets({**BN_DIST, "train.strategy": "fsdp", "model.channels_last": True, "train.max_steps": 2,
-                           "run.out_dir": str(dirs["BF"])})}]
+                           "run.out_dir": str(dirs["BF"])})},
+             *({"set": sets({**DIST_LM, "train.strategy": "fsdp", "checkpoint.resume": "auto",
+                             "run.out_dir": str(dirs[k])})} for k in ("FP", "FR"))]
     launcher = threading.Thread(target=lambda: result.__setitem__(2, torchrun(plan2, tmp, "launch2")))
     launcher.start()
     stopped = checkpoint.load(dirs["S1"] / "last.pt")
@@ -1342,6 +1345,18 @@ def test_sigterm_to_torchrun_stops_every_rank_at_the_same_step_and_resumes_exact
     gates.check("DDP resume: final model/optimizer entries that differ bitwise",
                 diff_states({k: a[k] for k in ("model", "optimizer")}, {k: b[k] for k in ("model", "optimizer")}),
                 "==", [])
+
+
+@pytest.mark.parametrize("run", ["FP", "FR"])
+def test_an_fsdp_gpt_stopped_at_a_periods_or_the_runs_last_step_resumes_to_every_record_of_the_run(dist_runs, run):
+    """FP stops at step 16 (eval_every=16), FR at step 32 (the run's last): the resumed run's train, val and test
+    records (floats as float.hex, timing aside) and best.pt's weights are those of FL, which ran uninterrupted."""
+    dirs = dist_runs["dirs"]
+    records, expected = every_record(dirs[run]), every_record(dirs["FL"])
+    gates.check(f"{run}: records (train, val, test) that differ from the uninterrupted FSDP run's",
+                sum(a != b for a, b in itertools.zip_longest(records, expected)), "==", 0)
+    gates.check(f"{run}: best.pt weight tensors that differ from the uninterrupted run's",
+                len(diff_states(full(dirs[run] / "best.pt")["model"], full(dirs["FL"] / "best.pt")["model"])), "==", 0)
 
 
 def test_a_ddp_checkpoint_loads_into_one_process_and_finishes(dist_runs):
@@ -2234,7 +2249,8 @@ def dist_driver(plan_file: str) -> int:
             probes += [InitProbe(item["init"])] if "init" in item else []
             train.run(config.load(None, item["set"]), [drills, *probes])
         except train.Stopped as exc:
-            return exc.code
+            if not item.get("stops"):  # a planned stop (a drill) goes on with the next run; any other ends the launch
+                return exc.code
     dist.destroy_process_group()
     return 0
 

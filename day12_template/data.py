@@ -5,8 +5,8 @@ of collated sample by sample, and augmentation can be seeded by (epoch, sample) 
 describes itself (`Splits.info`): `ImageInfo` (channels, size, classes: the `classify` task) or `TextInfo`
 (vocabulary, window: the `lm` task).
 
-    mnist          the repo's bundle (../data/mnist/*.gz) or data.root, MD5-checked; torchvision's download last
-    fashion_mnist  data.root, or Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), or download
+    mnist          data.root, or the repo's bundle (../data/mnist/*.gz); MD5-checked, never downloaded
+    fashion_mnist  data.root, or the repo's bundle (../data/fashion-mnist), or Debian's dataset-fashion-mnist
     synthetic      generated: one random prototype image per class + noise (smoke tests, benchmarks)
     imagefolder    data.root/train/<class>/<image> (+ optional val/ and test/): your own images
     shakespeare    the repo's bundle (../data/shakespeare: 42 works, SHA-256-checked) as bytes; whole works held out
@@ -19,7 +19,6 @@ import functools
 import gzip
 import hashlib
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -49,9 +48,10 @@ RAW_MD5 = {
     },
 }
 STATS = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}  # training-set pixel mean, std
-SEARCH = {"mnist": [HERE.parent / "data" / "mnist"],  # the repo's bundle, when the template sits in the repo
-          "fashion_mnist": [Path("/usr/share/datasets/fashion-mnist")]}  # apt-get install dataset-fashion-mnist
-TORCHVISION = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
+SEARCH = {"mnist": [HERE.parent / "data" / "mnist"],  # the repo's bundles, when the template sits in the repo
+          "fashion_mnist": [HERE.parent / "data" / "fashion-mnist",
+                            Path("/usr/share/datasets/fashion-mnist")]}  # Debian's dataset-fashion-mnist
+TORCHVISION = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}  # torchvision's folder names: root/NAME/raw
 
 
 class DataError(RuntimeError):
@@ -138,36 +138,23 @@ def read_idx(path: Path, expected_md5: str) -> np.ndarray:
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     if hashlib.md5(raw).hexdigest() != expected_md5:
         raise DataError(f"{path} is corrupt (MD5 of its content is not {expected_md5}): restore it (in the repo: "
-                        f"`git checkout -- data/mnist`) or delete it so the download can replace it")
+                        f"`git checkout -- data`) or replace it with an intact copy")
     ndim = raw[3]
     shape = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
 def find_idx(name: str, root: str) -> Path:
-    """The folder holding the four IDX files: data.root (or its MNIST/raw), the known places, then a download."""
+    """The folder holding the four IDX files: data.root (or its torchvision layout NAME/raw), then the known places.
+    Nothing is downloaded."""
     places = [Path(root), Path(root) / TORCHVISION[name] / "raw"] if root else []
     places += SEARCH[name]
     for folder in places:
         if all((folder / f).exists() or (folder / f"{f}.gz").exists() for f in IDX_FILES):
             return folder
-    target = Path(root or "data")
-    created = not target.exists()
-    try:
-        import torchvision.datasets as tvd
-
-        getattr(tvd, TORCHVISION[name])(str(target), train=True, download=True)
-        getattr(tvd, TORCHVISION[name])(str(target), train=False, download=True)
-        return target / TORCHVISION[name] / "raw"
-    except Exception as exc:  # no network, HTTP 403, no torchvision: one message that says what to do
-        if created:
-            shutil.rmtree(target, ignore_errors=True)  # leave no empty folders behind
-        looked = ", ".join(str(p) for p in places)
-        reason = " ".join(str(exc).split())[:160]  # one line, whatever the downloader printed
-        raise DataError(f"{name} not found (looked in {looked}) and the download into {target} failed "
-                        f"({type(exc).__name__}: {reason}). Put the four *-ubyte[.gz] files in a folder and "
-                        f"set data.root to it" + (", or `apt-get install dataset-fashion-mnist`"
-                                                  if name == "fashion_mnist" else "")) from None
+    looked = ", ".join(str(p) for p in places)
+    raise DataError(f"{name} not found (looked in {looked}; nothing is downloaded): put the four *-ubyte[.gz] files "
+                    f"in a folder and set data.root to it")
 
 
 @functools.lru_cache(maxsize=4)

@@ -152,7 +152,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--make-digits", type=Path, metavar="DIR", help="only write an example image folder")
     parser.add_argument("--data-root", default="", metavar="DIR", help="folder holding MNIST's four *-ubyte[.gz] "
                         "files (or torchvision's MNIST/raw): data.root of the mnist configs and the digits' source "
-                        "(default: the repo's bundle, the system copy, a download)")
+                        "(default: the repo's bundle)")
     args = parser.parse_args(argv)
     if args.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {args.max_steps}")

@@ -2,8 +2,8 @@
 
 The four original IDX files ship gzipped in `data/mnist/`. `prepare_mnist()` decompresses them into
 `<root>/MNIST/raw/`, exactly where `torchvision.datasets.MNIST(root)` looks, and checks each file's MD5.
-Without the bundle it falls back to torchvision's download; if that fails too, or a file is corrupt, it
-raises `MNISTUnavailable` with one message that names the file and says what to do.
+Nothing is downloaded: a missing or corrupt file raises `MNISTUnavailable` with one message that names the file
+and says what to do. Fashion-MNIST ships the same way in `data/fashion-mnist/` and is read in place.
 
 `mnist_tensors()` parses the IDX files with NumPy (no torchvision import: it costs seconds at start-up);
 `mnist()` is torchvision's per-sample dataset, for pipelines that decode one image at a time (Day 5).
@@ -37,10 +37,7 @@ MEAN, STD = 0.1307, 0.3081  # training-set pixel statistics, the usual MNIST nor
 SIZES = {True: 60_000, False: 10_000}  # images in the training and test splits
 SPLIT_SEED = 1234  # the train/validation split never changes, whatever the training seed
 
-FIX = (
-    "Restore the bundled copy with `git checkout -- data/mnist`, or delete the broken file "
-    "(and any copy under data/MNIST/raw/) so that torchvision can download it when you are online."
-)
+FIX = "Restore the bundled copy with `git checkout -- data/mnist` (nothing is downloaded)."
 
 
 class MNISTUnavailable(UserError, RuntimeError):
@@ -66,19 +63,6 @@ def _extract(gz_path: Path, target: Path) -> None:
     os.replace(tmp, target)  # never leave a half-written file under the name torchvision reads
 
 
-def _download(root: Path) -> None:
-    from torchvision.datasets import MNIST
-
-    try:
-        MNIST(str(root), train=True, download=True)
-    except Exception as exc:  # any network/HTTP/IO failure ends in the same advice
-        raise MNISTUnavailable(
-            f"MNIST is not available: the bundled copy {BUNDLE_DIR} is missing and the download failed "
-            f"({type(exc).__name__}: {exc}). Restore the bundle with `git checkout -- data/mnist` "
-            f"(or copy the four *-ubyte.gz files there), or run once with internet access."
-        ) from None
-
-
 def prepare_mnist(root: str | Path | None = None, bundle: str | Path | None = None) -> Path:
     """Make `<root>/MNIST/raw/` hold the four verified files; return `root` for torchvision.
 
@@ -91,18 +75,14 @@ def prepare_mnist(root: str | Path | None = None, bundle: str | Path | None = No
         if target.exists() and md5sum(target) == expected:
             continue
         gz = bundle / f"{name}.gz"
-        if gz.exists():
-            _extract(gz, target)
-        else:
-            _download(root)
-        if not target.exists():
-            raise MNISTUnavailable(f"MNIST file {target} is missing after preparation. {FIX}")
+        if not gz.exists():
+            raise MNISTUnavailable(f"MNIST file {gz} is missing. {FIX}")
+        _extract(gz, target)
         actual = md5sum(target)
         if actual != expected:
-            source = gz if gz.exists() else target
             target.unlink()  # never hand a wrong file to torchvision
             raise MNISTUnavailable(
-                f"MNIST file {source} is corrupt: MD5 of its content is {actual}, expected {expected}. {FIX}"
+                f"MNIST file {gz} is corrupt: MD5 of its content is {actual}, expected {expected}. {FIX}"
             )
     return root
 
@@ -188,8 +168,9 @@ def _split(images, labels, val_size, device, train_subset=None, mean: float = ME
     return _tensors(images[train], labels[train], device, mean, std), _tensors(images[val], labels[val], device, mean, std)
 
 
-# --- Fashion-MNIST (Day 9's transfer lab): Debian's dataset-fashion-mnist package, read in place ---------------
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+# --- Fashion-MNIST (Day 9's transfer lab): the bundle in data/fashion-mnist/, read in place -----------------------
+FASHION_DIR = DATA_ROOT / "fashion-mnist"
+DEBIAN_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist: the same four files
 FASHION_MD5 = {  # of the decompressed files, as for MNIST: Debian recompressed the .gz files Zalando published
     "train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
     "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
@@ -197,9 +178,7 @@ FASHION_MD5 = {  # of the decompressed files, as for MNIST: Debian recompressed 
     "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965",
 }
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530  # its training-set pixel statistics
-FASHION_FIX = ("Install it with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu; the files land in "
-               "/usr/share/datasets/fashion-mnist), or put the four *-ubyte.gz files from "
-               "github.com/zalandoresearch/fashion-mnist in a folder and pass it as `folder`.")
+FASHION_FIX = "Restore the bundled copy with `git checkout -- data/fashion-mnist` (nothing is downloaded)."
 
 
 def _fashion_file(folder: Path, name: str) -> np.ndarray:
@@ -207,7 +186,7 @@ def _fashion_file(folder: Path, name: str) -> np.ndarray:
     try:
         content = gzip.decompress(gz.read_bytes())
     except FileNotFoundError:
-        raise MNISTUnavailable(f"Fashion-MNIST is not installed: {gz} is missing. {FASHION_FIX}") from None
+        raise MNISTUnavailable(f"Fashion-MNIST file {gz} is missing. {FASHION_FIX}") from None
     except (OSError, EOFError, zlib.error) as exc:  # zlib.error: damaged compressed data inside a valid header
         raise MNISTUnavailable(f"Fashion-MNIST file {gz} is corrupt ({exc}). {FASHION_FIX}") from None
     actual = hashlib.md5(content).hexdigest()
@@ -226,15 +205,23 @@ def _fashion_raw(train: bool, folder: str) -> tuple[np.ndarray, np.ndarray]:
             _fashion_file(Path(folder), f"{prefix}-labels-idx1-ubyte"))
 
 
-def fashion_available(folder: str | Path = FASHION_DIR) -> bool:
+def fashion_available(folder: str | Path) -> bool:
     return all((Path(folder) / f"{name}.gz").exists() for name in FASHION_MD5)
 
 
-def fashion_split(val_size: int = 5000, device: str | torch.device = "cpu", folder: str | Path = FASHION_DIR):
+def fashion_folder() -> Path:
+    """The bundle, or Debian's package where a checkout lacks the bundle (errors then name the bundle's files)."""
+    if not fashion_available(FASHION_DIR) and fashion_available(DEBIAN_FASHION_DIR):
+        return DEBIAN_FASHION_DIR
+    return FASHION_DIR
+
+
+def fashion_split(val_size: int = 5000, device: str | torch.device = "cpu", folder: str | Path | None = None):
     """As `mnist_split`, for Fashion-MNIST's 60,000 training images (the same fixed permutation)."""
-    return _split(*_fashion_raw(True, str(folder)), val_size, device, None, FASHION_MEAN, FASHION_STD)
+    return _split(*_fashion_raw(True, str(folder or fashion_folder())), val_size, device, None, FASHION_MEAN,
+                  FASHION_STD)
 
 
-def fashion_tensors(train: bool = False, device: str | torch.device = "cpu", folder: str | Path = FASHION_DIR):
+def fashion_tensors(train: bool = False, device: str | torch.device = "cpu", folder: str | Path | None = None):
     """One whole Fashion-MNIST split as normalised tensors; `train=False` is the 10,000 test images."""
-    return _tensors(*_fashion_raw(train, str(folder)), device, FASHION_MEAN, FASHION_STD)
+    return _tensors(*_fashion_raw(train, str(folder or fashion_folder())), device, FASHION_MEAN, FASHION_STD)

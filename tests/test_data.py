@@ -2,6 +2,7 @@
 import gzip
 import importlib
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -74,17 +75,12 @@ def test_a_damaged_prepared_file_is_rebuilt_from_the_bundle(tmp_path):
     assert md5sum(target) == RAW_MD5["t10k-labels-idx1-ubyte"]
 
 
-def test_missing_bundle_falls_back_to_download_and_explains_failure(tmp_path, monkeypatch):
-    calls = []
-
-    def offline(root, train=True, download=False):
-        calls.append(download)
-        raise OSError("network is unreachable")
-
-    monkeypatch.setattr("torchvision.datasets.MNIST", offline)
-    with pytest.raises(MNISTUnavailable, match=r"bundled copy .* is missing and the download failed .*network"):
+def test_a_missing_bundle_is_one_message_naming_the_file_and_nothing_is_downloaded(tmp_path, monkeypatch):
+    connections = []
+    monkeypatch.setattr(socket.socket, "connect", lambda sock, address: connections.append(address))
+    with pytest.raises(MNISTUnavailable, match=r"no-bundle/train-images-idx3-ubyte\.gz is missing.*git checkout"):
         prepare_mnist(tmp_path / "root", tmp_path / "no-bundle")
-    assert calls == [True]
+    assert connections == []
 
 
 def test_in_memory_tensors_equal_torchvisions_decoding():
@@ -130,14 +126,9 @@ def test_a_truncated_idx_file_is_refused(tmp_path):
 
 @pytest.fixture
 def no_mnist(tmp_path, monkeypatch):
-    """No prepared copy, no bundle, and no network: where `sprint.data` looks, nothing is found."""
+    """No prepared copy and no bundle: where `sprint.data` looks, nothing is found."""
     monkeypatch.setattr(data, "DATA_ROOT", tmp_path / "root")
     monkeypatch.setattr(data, "BUNDLE_DIR", tmp_path / "no-bundle")
-
-    def offline(root, train=True, download=False):
-        raise OSError("network is unreachable")
-
-    monkeypatch.setattr("torchvision.datasets.MNIST", offline)
     return tmp_path
 
 
@@ -167,12 +158,17 @@ def test_a_main_without_usable_mnist_prints_one_line_and_exits_1(module, broken,
     assert not (folder / "out").exists()
 
 
-def test_fashion_mnist_missing_says_how_to_install_it(tmp_path):
-    with pytest.raises(MNISTUnavailable, match="apt-get install dataset-fashion-mnist"):
+def test_the_fashion_mnist_bundle_holds_the_four_files_and_its_test_split_verifies():
+    assert sorted(p.name for p in data.FASHION_DIR.glob("*.gz")) == sorted(f"{n}.gz" for n in data.FASHION_MD5)
+    x, y = data.fashion_tensors(train=False)
+    assert x.shape == (10000, 1, 28, 28) and torch.bincount(y).tolist() == [1000] * 10
+
+
+def test_fashion_mnist_missing_says_how_to_restore_it(tmp_path):
+    with pytest.raises(MNISTUnavailable, match="missing.*git checkout -- data/fashion-mnist"):
         data.fashion_split(folder=tmp_path)
 
 
-@pytest.mark.skipif(not data.fashion_available(), reason="Fashion-MNIST absent: `apt-get install dataset-fashion-mnist`")
 def test_a_fashion_mnist_file_with_other_content_is_refused_by_its_checksum(tmp_path):
     for name in data.FASHION_MD5:
         shutil.copy(data.FASHION_DIR / f"{name}.gz", tmp_path)
@@ -184,7 +180,6 @@ def test_a_fashion_mnist_file_with_other_content_is_refused_by_its_checksum(tmp_
         data.fashion_tensors(train=False, folder=tmp_path)
 
 
-@pytest.mark.skipif(not data.fashion_available(), reason="Fashion-MNIST absent: `apt-get install dataset-fashion-mnist`")
 def test_a_fashion_mnist_file_with_damaged_compressed_data_is_refused_as_corrupt(tmp_path):
     for name in data.FASHION_MD5:
         shutil.copy(data.FASHION_DIR / f"{name}.gz", tmp_path)
