@@ -7,6 +7,8 @@ to train.py from outside its loop, as a `train.Hook`; run them through this file
     inf_grad_step=N               one gradient turns inf at optimizer step N (an fp16 overflow: the scaler skips)
     kill_between_links=N          SIGKILL this process between linking best.pt and last.pt, at the Nth save
     step_sleep=S                  sleep S seconds after each optimizer step (gives a signal time to land mid-run)
+    stop_at=N                     SIGTERM to this process during step N, so the run stops after it (a
+                                  scheduler's stop at a chosen step: a period's last one, the run's last one)
     audit_writes=DIR              at exit, write DIR/audit-rank<R>.json: every file this process created, renamed,
                                   linked or deleted (proves that only rank 0 writes)
     grad_syncs=DIR                at exit, write DIR/grad-syncs-rank<R>.json: DDP's gradient all-reduces and the
@@ -54,6 +56,7 @@ class Faults(train.Hook):
     inf_grad_step: int = 0
     kill_between_links: int = 0
     step_sleep: float = 0.0
+    stop_at: int = 0
     audit_writes: str = ""
     grad_syncs: str = ""
     breaks: str = ""
@@ -79,6 +82,7 @@ class Faults(train.Hook):
             next(model.parameters()).register_hook(self.inf_gradient(progress))
         if self.grad_syncs:
             count_grad_syncs(module, progress, self.grad_syncs)
+        self.stop_if_next(progress)  # stop_at=1, or a resume that starts one step before it
         for spec in parse_breaks(self.breaks):
             if spec[0] in MODEL_BREAKS:
                 break_model(model, *spec)
@@ -102,6 +106,12 @@ class Faults(train.Hook):
     def step(self, progress) -> None:
         if self.step_sleep:
             time.sleep(self.step_sleep)
+        self.stop_if_next(progress)
+
+    def stop_if_next(self, progress) -> None:
+        """stop_at: the signal lands before step N's host sync, which sums the stop flag over the ranks."""
+        if self.stop_at and progress.step == self.stop_at - 1:
+            signal.raise_signal(signal.SIGTERM)
 
     def install_process_drills(self) -> None:
         """The drills that act on the process rather than the run: the write audit, the kill between two links."""

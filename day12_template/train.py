@@ -317,12 +317,19 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         if error := d.gather(error)[0]:  # every rank fails together; none waits forever
             raise checkpoint.CheckpointError(error)
 
+    def stop_here() -> None:
+        """Every rank stops after the same step, once its checkpoint is complete: the run resumes from there."""
+        saved()
+        d.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
+        raise stopped(stop.name(), progress.step)
+
     def early_stopped() -> bool:
         return bool(tc.early_stop_patience) and progress.bad_evals >= tc.early_stop_patience
 
     # 4. The loop: micro-batches -> one optimizer step -> log / checkpoint / stop; an evaluation per period (an
     # epoch of images, train.eval_every steps of text).
     speed.start(progress.step)
+    signals = 0  # ranks that saw a stop signal, summed at the last step
     while sampler.epoch < periods and progress.step < last_step and not early_stopped():
         period = sampler.epoch
         batches = iter(train_loader)
@@ -361,14 +368,12 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                            lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, scale=scaler.get_scale(),
                            **speed.figures(progress.step))
                 progress.window = [0.0, 0]
+            if progress.step >= last_step or not sampler.steps_left():
+                break  # the period's last step: its evaluation comes first, even when a stop signal came with it
             if signals:  # every rank sees the same sum: all stop after this same step
                 save()
-                saved()
-                d.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
-                raise stopped(stop.name(), progress.step)
-            if progress.step >= last_step:
-                break
-            if cfg.checkpoint.every_steps and progress.step % cfg.checkpoint.every_steps == 0 and sampler.steps_left():
+                stop_here()
+            if cfg.checkpoint.every_steps and progress.step % cfg.checkpoint.every_steps == 0:
                 save()
         log.end_epoch()
         metrics = evaluate(model, task, *evals["val"], device, autocast, d)
@@ -388,6 +393,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                 + (" (best)" if improved else f" (not better for {progress.bad_evals})")
                 + f", {speed.samples_per_s(progress.step):,.0f} samples/s")
         save(is_best=improved)
+        if signals:  # the stop that came with the period's last step, now that its evaluation is checkpointed
+            stop_here()
         if early_stopped():
             log.say(f"early stop: no better validation loss for {tc.early_stop_patience} evaluations")
 

@@ -11,8 +11,9 @@ import pytest
 
 import checkpoint
 import train
-from helpers import (FORMATS, STEPS, TEMPLATE, TINY, cfg_of, child_env, diff_states, full, launch, reached, sets,
-                     tiny_lm, train_records)
+from faults import Faults
+from helpers import (FORMATS, STEPS, TEMPLATE, TINY, cfg_of, child_env, diff_states, every_record, full, launch,
+                     reached, sets, tiny_lm, train_records)
 
 VARIANTS = ["fp32", "grad_accum=4 + bf16", "2 data workers", "gpt", "gpt grad_accum=4 + bf16", "sharded",
             "sharded, async_save"]
@@ -89,3 +90,28 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_the_uninterrupted_run(s
     a, b = full(job["ref"] / "last.pt"), full(job["run_dir"] / "last.pt")
     keys = ("model", "optimizer", "scheduler", "scaler", "sampler", "step", "best")
     assert diff_states({k: a[k] for k in keys}, {k: b[k] for k in keys}) == []
+
+
+# -- a stop at the last step of an evaluation period, or of the run ---------------------------------------------------
+STOPS = {"a period's last step": 16, "the run's last step": STEPS}  # both tasks evaluate every 16 steps
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, corpus) -> dict:
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    values = {"classify": TINY, "lm": tiny_lm(corpus)}
+    return {task: (v, tmp / task, train.run(cfg_of(v, tmp / task))) for task, v in values.items()}
+
+
+@pytest.mark.parametrize("stop", STOPS)
+@pytest.mark.parametrize("task", ["classify", "lm"])
+def test_a_stop_at_a_periods_or_the_runs_last_step_resumes_to_every_record_best_and_test_of_the_run(
+        uninterrupted, tmp_path, task, stop):
+    values, ref_dir, ref = uninterrupted[task]
+    with pytest.raises(train.Stopped):
+        train.run(cfg_of(values, tmp_path), [Faults(stop_at=STOPS[stop])])
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == STOPS[stop]
+    result = train.run(cfg_of({**values, "checkpoint.resume": "auto"}, tmp_path))
+    assert every_record(tmp_path) == every_record(ref_dir)
+    assert (result["best_step"], result["tested"]) == (ref["best_step"], ref["tested"])
+    assert diff_states(full(tmp_path / "best.pt")["model"], full(ref_dir / "best.pt")["model"]) == []
