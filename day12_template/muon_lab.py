@@ -19,15 +19,24 @@ time: the optimizer whose step costs more (median ms per step over all its runs)
 many steps as the other's STEPS take (its own warmup + cosine over them). The head-to-head figures are test losses
 (the test split's works, touched only by these final runs), so that the choice of learning rate on validation does
 not flatter either side. Training time counts the steps only (evaluations left out).
+
+torch's Muon runs its Newton-Schulz iterations in bf16, which GPUs and CPUs with native bf16 (AMX, AVX512-BF16)
+multiply faster than fp32; an AVX2-only CPU multiplies bf16 some 25x slower than fp32, and a Muon step of this GPT
+took seconds there. So where a bf16 matmul is measured slower than an fp32 one, the lab runs the same iteration in
+fp32 (`newton_schulz_dtype`; the results say which).
 """
 import argparse
+import contextlib
 import dataclasses
+import functools
 import statistics
 import time
+import timeit
 from operator import itemgetter
 from pathlib import Path
 
 import torch
+import torch.optim._muon
 
 import config
 import data
@@ -65,6 +74,43 @@ def optimizers(model, cfg: config.Config, name: str, lr: float, adamw_lr: float)
     return [muon, adamw]
 
 
+@functools.cache
+def newton_schulz_dtype() -> torch.dtype:
+    """bf16 (torch's choice) where a bf16 matmul runs faster than an fp32 one on this CPU, else fp32."""
+    a = torch.randn(256, 256)
+    seconds = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        x = a.to(dtype)
+        seconds[dtype] = min(timeit.repeat(lambda: x @ x, number=3, repeat=5))
+    return min(seconds, key=seconds.get)
+
+
+def orthogonalise_fp32(grad: torch.Tensor, ns_coefficients: tuple, ns_steps: int, eps: float) -> torch.Tensor:
+    """torch.optim._muon's quintic Newton-Schulz iteration, computed in fp32 instead of bf16."""
+    a, b, c = ns_coefficients
+    tall = grad.size(0) > grad.size(1)
+    x = grad.float().T if tall else grad.float()
+    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+@contextlib.contextmanager
+def muon_at_this_cpus_speed():
+    """Muon's orthogonalisation in the faster dtype (newton_schulz_dtype) while the block runs."""
+    if newton_schulz_dtype() == torch.bfloat16:
+        yield
+        return
+    original = torch.optim._muon._zeropower_via_newtonschulz
+    torch.optim._muon._zeropower_via_newtonschulz = orthogonalise_fp32
+    try:
+        yield
+    finally:
+        torch.optim._muon._zeropower_via_newtonschulz = original
+
+
 def spread(split, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`count` windows of a split, evenly spaced over all of it."""
     return split.batch(0, torch.linspace(0, len(split) - 1, count).long())
@@ -88,18 +134,19 @@ def run(cfg: config.Config, splits, name: str, lr: float, adamw_lr: float, seed:
     order = torch.Generator().manual_seed(seed)  # the data order: windows drawn at random, as the template does
     windows = spread(splits.val, VAL_WINDOWS)
     curve, seconds = [], 0.0
-    for step in range(1, steps + 1):
-        start = time.perf_counter()
-        x, y = splits.train.batch(0, torch.randint(len(splits.train), (cfg.train.batch_size,), generator=order))
-        task.loss(model(x), y).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        for opt, schedule in zip(opts, schedules):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            schedule.step()
-        seconds += time.perf_counter() - start
-        if step % EVAL_EVERY == 0 or step == steps:
-            curve.append({"step": step, "seconds": seconds, "val_loss": mean_loss(model, task, windows)})
+    with muon_at_this_cpus_speed():
+        for step in range(1, steps + 1):
+            start = time.perf_counter()
+            x, y = splits.train.batch(0, torch.randint(len(splits.train), (cfg.train.batch_size,), generator=order))
+            task.loss(model(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            for opt, schedule in zip(opts, schedules):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                schedule.step()
+            seconds += time.perf_counter() - start
+            if step % EVAL_EVERY == 0 or step == steps:
+                curve.append({"step": step, "seconds": seconds, "val_loss": mean_loss(model, task, windows)})
     return {"optimizer": name, "lr": lr, "adamw_lr": adamw_lr, "seed": seed, "steps": steps, "curve": curve,
             "val_loss": curve[-1]["val_loss"], "seconds": seconds, "ms_per_step": 1000 * seconds / steps,
             "model": model}
@@ -199,7 +246,8 @@ def main(argv=None) -> dict:
     splits = data.build(cfg.data, cfg.run.seed)
     res = {"config": CONFIG.name, "params": models.count_params(models.build(cfg.model, splits.info, device="meta")),
            "batch": cfg.train.batch_size, "machine": runlog.cpu_name(), "torch": torch.__version__,
-           "threads": torch.get_num_threads(), **compare(cfg, splits)}
+           "threads": torch.get_num_threads(), "newton_schulz_dtype": str(newton_schulz_dtype()).removeprefix("torch."),
+           **compare(cfg, splits)}
     runlog.write_lab_results(args.out, "muon", res, markdown(res), plot)
     return res
 
