@@ -143,23 +143,45 @@ def evaluate(model, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def time_phases(stages: list[Stage], train_idx, device: torch.device, n_batches: int, seed: int) -> list[dict]:
     """The curriculum's measurement: time a batch fetch and a training step separately, per stage the fastest of
-    `n_batches`. The stages take turns, one batch each per round, so a busy spell on a shared machine hits all alike."""
-    runs = [(*make_model(st, len(train_idx), device, seed), batches(st, train_idx, device, seed), [], [])
-            for st in stages]  # per stage: a model, an optimizer, a scheduler, a batch stream, two timing lists
+    `n_batches`. The stages take turns, one batch each per round, so a busy spell on a shared machine hits all alike.
+    Each phase is also timed in CPU seconds of this process (`*_cpu_ms`): another process on the same cores slows
+    the wall clock, not the work done, so the gates that compare two stages' speed read those."""
+    runs = [(*make_model(st, len(train_idx), device, seed), batches(st, train_idx, device, seed), Timings())
+            for st in stages]  # per stage: a model, an optimizer, a scheduler, a batch stream, its timings
     for i in range(n_batches + 1):  # the first round is a warm-up (allocator, thread pool) and is not counted
-        for model, optimizer, scheduler, it, data_s, step_s in runs:
-            t0 = time.perf_counter()
+        for model, optimizer, scheduler, it, timings in runs:
+            start = timings.now()
             x, y = next(it)
             sync(device)
-            t1 = time.perf_counter()
+            fetched = timings.now()
             train_step(model, optimizer, scheduler, x, y)
             sync(device)
             if i:
-                data_s.append(t1 - t0)
-                step_s.append(time.perf_counter() - t1)
-    times = [(min(run[-2]), min(run[-1])) for run in runs]  # a slower repeat was slowed by something
-    return [{"data_ms": 1e3 * data, "step_ms": 1e3 * step, "ratio": data / step, "verdict": classify(data / step),
-             "compute_share": step / (data + step)} for data, step in times]  # the CPU stand-in for "GPU utilisation"
+                timings.add(start, fetched, timings.now())
+    return [timings.figures() for *_, timings in runs]
+
+
+class Timings:
+    """One stage's fetch and step durations, in wall and CPU seconds; its figures are the fastest of each."""
+
+    def __init__(self):
+        self.wall = {"data": [], "step": []}
+        self.cpu = {"data": [], "step": []}
+
+    @staticmethod
+    def now() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def add(self, start, fetched, done) -> None:
+        for clock, kind in enumerate((self.wall, self.cpu)):
+            kind["data"].append(fetched[clock] - start[clock])
+            kind["step"].append(done[clock] - fetched[clock])
+
+    def figures(self) -> dict:
+        data, step = min(self.wall["data"]), min(self.wall["step"])  # a slower repeat was slowed by something
+        return {"data_ms": 1e3 * data, "step_ms": 1e3 * step, "ratio": data / step, "verdict": classify(data / step),
+                "compute_share": step / (data + step),  # the CPU stand-in for "GPU utilisation"
+                "data_cpu_ms": 1e3 * min(self.cpu["data"]), "step_cpu_ms": 1e3 * min(self.cpu["step"])}
 
 
 def profile_steps(stage: Stage, train_idx, device: torch.device, trace_dir: Path, seed: int):
