@@ -1,5 +1,6 @@
 """What the template's tests share (and the repo's check.py reuses): tiny configs that train in seconds, running
 them, reading what they wrote, comparing checkpoints bitwise, and launching a script to kill it at a chosen moment."""
+import contextlib
 import hashlib
 import os
 import re
@@ -92,6 +93,19 @@ def full(path: Path) -> dict:
 def child_env(**extra) -> dict:
     """Subprocesses compute with this process's thread count, so their floats round the same way."""
     return {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONUNBUFFERED": "1", **extra}
+
+
+@contextlib.contextmanager
+def one_thread():
+    """This process and the children it launches meanwhile (child_env) compute in one thread: runs sharing the cores
+    at once then each get one instead of oversubscribing them (a thread pool whose threads wait for a core spins, and
+    its step waits for its slowest thread). Bitwise comparisons hold among runs of one thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def launch(cmd, cwd=None, env=None, kill_when=None, sig=signal.SIGKILL, group=True, timeout=240):

@@ -13,7 +13,7 @@ import checkpoint
 import train
 from faults import Faults
 from helpers import (FORMATS, STEPS, TEMPLATE, TINY, cfg_of, child_env, diff_states, every_record, full, launch,
-                     reached, sets, tiny_lm, train_records)
+                     one_thread, reached, sets, tiny_lm, train_records)
 
 VARIANTS = ["fp32", "grad_accum=4 + bf16", "2 data workers", "gpt", "gpt grad_accum=4 + bf16", "sharded",
             "sharded, async_save"]
@@ -55,6 +55,13 @@ def killed_launch(values: dict, run_dir: Path, kill: int, results: dict, name: s
     thread = threading.Thread(target=run)
     thread.start()
     return thread
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded():
+    """Eight runs share the cores at once: every run of this module, killed or not, computes in one thread."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
