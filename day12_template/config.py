@@ -267,8 +267,16 @@ def nearest(word: str, candidates) -> str:
 
 
 def unknown_key(key: str) -> ConfigError:
-    by_leaf = [k for k in fields() if k.split(".")[-1] == key.split(".")[-1]]  # `lr` -> `optim.lr`
-    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, fields())
+    """The field of that name in another section (`lr` -> `optim.lr`), else the nearest name at the key's depth: a
+    section for a section (`trian` -> `train`), a field for a field. A section given a value names its first field."""
+    names = {}  # the sections and fields at the key's depth, each with its first field
+    for k in fields():
+        names.setdefault(".".join(k.split(".")[:key.count(".") + 1]), k)
+    if key in names and names[key] != key:  # a section or a model's table
+        return ConfigError(f"`{key}` is a section of the config, not a field: set one of its fields (e.g. "
+                           f"`{names[key]}`; --help-config lists them)")
+    by_leaf = [k for k in fields() if k.split(".")[-1] == key.split(".")[-1]]
+    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, names)
     return ConfigError(f"unknown config key `{key}`{hint}")
 
 
