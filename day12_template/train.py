@@ -201,8 +201,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     # 1. Everything that can be refused is checked before anything is written.
     config.check_combinations(cfg, d.world)
     run_dir, device, tc = Path(cfg.run.out_dir), d.device, cfg.train
+    on_rank0(d, runlock.check, run_dir)  # a live run in that folder: refused first, before any work
     resume, ckpt = checkpoint.resume_source(cfg)
-    on_rank0(d, runlock.check, run_dir)  # a live run in that folder: refused before any work
     seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.model.compile)
     splits = data.build(cfg.data, cfg.run.seed)
     for hook in hooks:

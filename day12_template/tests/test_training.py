@@ -1,12 +1,14 @@
 """The training loop's contract, one behaviour per test: each task trains end to end, a bad config is refused with
 exit 2 naming the field before anything is written, a non-finite loss stops the run before its step, and a corrupt,
 truncated or foreign checkpoint is refused in one line."""
+import os
 import random
 
 import pytest
 import torch
 
 import checkpoint
+import runlock
 import runlog
 import train
 from faults import Faults
@@ -135,3 +137,15 @@ def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(t
                             "checkpoint.init_from": str(run_dir / "last.pt")})])
     err = capsys.readouterr().err
     assert code == 1 and "shapes differ" in err, err  # init_from a differently sized model
+
+
+def test_a_fresh_launch_into_a_live_run_folder_says_it_is_busy_not_to_resume_it(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**TINY, "train.max_steps": 3}, run_dir))  # leaves last.pt: a run to continue
+    live = runlock.hold(run_dir)  # as the live run holds it: flock conflicts across open files, even in one process
+    try:
+        code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir)})])
+    finally:
+        live.release()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"in use by a live run (pid {os.getpid()} on " in err and "resume=auto" not in err, err
