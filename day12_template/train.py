@@ -209,8 +209,13 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         splits = hook.data(splits)
     task = tasks.for_data(splits.info)
     model = build_model(cfg, splits.info, d)
-    if cfg.checkpoint.init_from and not ckpt:
-        checkpoint.load_weights(model, cfg.checkpoint.init_from)
+    if ckpt:  # data.root may change on resume: data of another vocabulary is a conflicting resume (exit 2)
+        try:
+            checkpoint.check_fits(model, ckpt, resume, splits.info, cfg.data)
+        except checkpoint.CheckpointError as exc:
+            raise config.ConfigError(f"refusing to resume: {exc}") from None
+    elif cfg.checkpoint.init_from:
+        checkpoint.load_weights(model, cfg.checkpoint.init_from, splits.info, cfg.data)
     if d.enabled:
         torch.manual_seed(cfg.run.seed + 1 + d.rank)  # from here on, each rank its own dropout
     module = distributed.wrap(model, d)  # a DDP wrapper under torchrun, else the (perhaps sharded) model itself
