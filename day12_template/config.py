@@ -389,6 +389,17 @@ def check_task(cfg: Config) -> None:
         table.check(cfg)
 
 
+def ignored(cfg: Config) -> str:
+    """A warning for a value the run accepts but does not use ('' if none): text trains for train.steps, so a
+    train.epochs other than the default (an image config's, switched to text with --set) counts for nothing. Not
+    refused: then such a switch would have to set epochs back too."""
+    default = fields()["train.epochs"][0].default
+    if registries()[1][cfg.data.dataset].task == "lm" and cfg.train.epochs != default:
+        return (f"train.epochs={cfg.train.epochs} is ignored: {cfg.data.dataset} is text, trained for train.steps="
+                f"{cfg.train.steps} optimizer steps (set train.steps to change the run's length)")
+    return ""
+
+
 def check_out_dir(cfg: Config) -> None:
     """run.out_dir must be creatable: its nearest existing ancestor is a writable folder, and (on rank 0, the one
     that writes) the first missing folder can really be made: os.access trusts root and knows nothing of /proc or

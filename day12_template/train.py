@@ -256,6 +256,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         closing.callback(lock.release)
     if d.is_main:
         checkpoint.clean_stale_tmp(run_dir)  # safe: no other live run owns these files
+        if warning := config.ignored(cfg):
+            print(f"warning: {warning}", file=sys.stderr)
     log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step,
                         runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
     closing.push(log.ended)

@@ -171,6 +171,13 @@ def test_resuming_onto_data_of_another_vocabulary_exits_2_naming_both_and_the_me
     assert "vocab_size 60" in err and "vocab_size 50" in err and str(other / "meta.json") in err, err
 
 
+def test_a_text_run_setting_train_epochs_warns_once_on_stderr_that_train_steps_counts(tmp_path, capsys):
+    root = token_folder(tmp_path / "tokens", 50)
+    train.run(cfg_of({**text_run(root), "train.epochs": 3}, tmp_path / "run"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: train.epochs=3 is ignored") and "train.steps" in err[0], err
+
+
 def test_a_fresh_launch_into_a_live_run_folder_says_it_is_busy_not_to_resume_it(tmp_path, capsys):
     run_dir = tmp_path / "run"
     train.run(cfg_of({**TINY, "train.max_steps": 3}, run_dir))  # leaves last.pt: a run to continue
