@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 import config
+import data
 import distributed
 
 FORMAT = "day12-template/2"  # 2: a config table per model, the task's metrics
@@ -367,14 +368,24 @@ def strip_prefixes(state: dict) -> dict:
     return out
 
 
-def check_fits(model: torch.nn.Module, theirs: dict[str, tuple], path) -> None:
-    """CheckpointError listing missing, unexpected and differently-shaped keys (`theirs`: name -> shape), before
-    anything is loaded."""
-    mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+def model_shapes(ckpt: dict) -> dict[str, tuple]:
+    """Name -> shape of each model tensor a checkpoint holds (DDP/compile prefixes dropped), read without loading
+    them: a sharded checkpoint's from its index."""
+    if ckpt.get("sharded"):
+        index = distributed.shard_reader(ckpt["path"]).read_metadata().state_dict_metadata
+        return {k[len("model."):]: tuple(v.size) for k, v in index.items() if k.startswith("model.")}
+    return {k: tuple(v.shape) for k, v in strip_prefixes(ckpt["model"]).items()}
+
+
+def check_fits(model: torch.nn.Module, ckpt: dict, path, info=None, data_cfg=None) -> None:
+    """CheckpointError listing missing, unexpected and differently-shaped tensors, before anything is loaded; given
+    this run's data (`info`, read per `data_cfg`), first how its vocabulary or classes differ from the checkpoint's."""
+    mine, theirs = {k: tuple(v.shape) for k, v in model.state_dict().items()}, model_shapes(ckpt)
     missing, unexpected = sorted(mine.keys() - theirs.keys()), sorted(theirs.keys() - mine.keys())
     shapes = [f"{k} {theirs[k]} vs {mine[k]}" for k in sorted(mine.keys() & theirs.keys()) if mine[k] != theirs[k]]
     if missing or unexpected or shapes:
-        parts = [f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
+        parts = [data.size_changes(info, data_cfg, ckpt["info"], ckpt["config"]["data"]["root"]) if info else "",
+                 f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
                  f"shapes differ: {shapes[:5]}" if shapes else ""]
         raise CheckpointError(f"checkpoint {path} does not fit this model: " + "; ".join(p for p in parts if p))
 
@@ -402,15 +413,12 @@ def resume_source(cfg: config.Config) -> tuple[Path | None, dict | None]:
     return path, ckpt
 
 
-def load_weights(model: torch.nn.Module, path) -> None:
-    """Fine-tuning: the model weights of any template checkpoint (DDP/compile prefixes dropped), shapes checked, into
-    a plain or an FSDP2-sharded model."""
+def load_weights(model: torch.nn.Module, path, info=None, data_cfg=None) -> None:
+    """Fine-tuning: the model weights of any template checkpoint (DDP/compile prefixes dropped), shapes checked
+    (`check_fits`), into a plain or an FSDP2-sharded model."""
     ckpt = load(path)
+    check_fits(model, ckpt, path, info, data_cfg)
     if ckpt.get("sharded"):
-        index = distributed.shard_reader(ckpt["path"]).read_metadata().state_dict_metadata
-        check_fits(model, {k[len("model."):]: tuple(v.size) for k, v in index.items() if k.startswith("model.")}, path)
         load_sharded(model, None, ckpt)
-        return
-    weights = strip_prefixes(ckpt["model"])
-    check_fits(model, {k: tuple(v.shape) for k, v in weights.items()}, path)
-    distributed.load_model_state(model, weights)  # under FSDP2 each rank keeps its shard of them
+    else:
+        distributed.load_model_state(model, strip_prefixes(ckpt["model"]))  # under FSDP2 each rank keeps its shard

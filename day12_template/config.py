@@ -267,8 +267,16 @@ def nearest(word: str, candidates) -> str:
 
 
 def unknown_key(key: str) -> ConfigError:
-    by_leaf = [k for k in fields() if k.split(".")[-1] == key.split(".")[-1]]  # `lr` -> `optim.lr`
-    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, fields())
+    """The field of that name in another section (`lr` -> `optim.lr`), else the nearest name at the key's depth: a
+    section for a section (`trian` -> `train`), a field for a field. A section given a value names its first field."""
+    names = {}  # the sections and fields at the key's depth, each with its first field
+    for k in fields():
+        names.setdefault(".".join(k.split(".")[:key.count(".") + 1]), k)
+    if key in names and names[key] != key:  # a section or a model's table
+        return ConfigError(f"`{key}` is a section of the config, not a field: set one of its fields (e.g. "
+                           f"`{names[key]}`; --help-config lists them)")
+    by_leaf = [k for k in fields() if k.split(".")[-1] == key.split(".")[-1]]
+    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, names)
     return ConfigError(f"unknown config key `{key}`{hint}")
 
 
@@ -379,6 +387,17 @@ def check_task(cfg: Config) -> None:
     table = getattr(cfg.model, cfg.model.name)
     if hasattr(table, "check"):
         table.check(cfg)
+
+
+def ignored(cfg: Config) -> str:
+    """A warning for a value the run accepts but does not use ('' if none): text trains for train.steps, so a
+    train.epochs other than the default (an image config's, switched to text with --set) counts for nothing. Not
+    refused: then such a switch would have to set epochs back too."""
+    default = fields()["train.epochs"][0].default
+    if registries()[1][cfg.data.dataset].task == "lm" and cfg.train.epochs != default:
+        return (f"train.epochs={cfg.train.epochs} is ignored: {cfg.data.dataset} is text, trained for train.steps="
+                f"{cfg.train.steps} optimizer steps (set train.steps to change the run's length)")
+    return ""
 
 
 def check_out_dir(cfg: Config) -> None:

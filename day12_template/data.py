@@ -314,6 +314,18 @@ def build(cfg, seed: int) -> Splits:
     return splits
 
 
+SIZES = ("vocab_size", "num_classes")  # set by the data's files, not the config: a new data.root may change them
+
+
+def size_changes(info, cfg, saved: dict, saved_root: str) -> str:
+    """How this data's vocabulary or classes (`info`, read per `cfg`) differ from those a checkpoint recorded
+    (`saved`: its info, from data.root `saved_root`), naming where each was read; '' if they do not."""
+    source = text.meta_path(Path(cfg.root)) if cfg.dataset == "tokens" else f"data.root={cfg.root}"
+    return "; ".join(f"this run's data has {name} {getattr(info, name)} ({source}), the checkpoint's had "
+                     f"{saved[name]} (data.root={saved_root}): point data.root at data with {name} {saved[name]}"
+                     for name in SIZES if name in saved and getattr(info, name, saved[name]) != saved[name])
+
+
 # -- feeding ranks ---------------------------------------------------------------------------------------------
 class Keyed(Dataset):
     """Adapts a BatchData to DataLoader: each "item" is a whole micro-batch, fetched by its (epoch, indices) key."""

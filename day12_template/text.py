@@ -189,9 +189,14 @@ class RefuseGlobals(pickle.Unpickler):
                             f"not run code); write meta.json instead")
 
 
+def meta_path(root: Path) -> Path:
+    """The meta file of a token folder: meta.json, else nanoGPT's meta.pkl."""
+    return root / "meta.json" if (root / "meta.json").is_file() else root / "meta.pkl"
+
+
 def read_meta(root: Path) -> tuple[Path, dict]:
     """(path, meta) from meta.json or meta.pkl, with an int vocab_size > 0 and itos (if any) as {id: str}."""
-    path = root / "meta.json" if (root / "meta.json").is_file() else root / "meta.pkl"
+    path = meta_path(root)
     if not path.is_file():
         raise TextDataError(f"{root} has no meta file (looked for meta.json and meta.pkl): write meta.json with "
                             f'{{"vocab_size": N}}')

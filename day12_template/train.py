@@ -201,16 +201,21 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     # 1. Everything that can be refused is checked before anything is written.
     config.check_combinations(cfg, d.world)
     run_dir, device, tc = Path(cfg.run.out_dir), d.device, cfg.train
+    on_rank0(d, runlock.check, run_dir)  # a live run in that folder: refused first, before any work
     resume, ckpt = checkpoint.resume_source(cfg)
-    on_rank0(d, runlock.check, run_dir)  # a live run in that folder: refused before any work
     seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.model.compile)
     splits = data.build(cfg.data, cfg.run.seed)
     for hook in hooks:
         splits = hook.data(splits)
     task = tasks.for_data(splits.info)
     model = build_model(cfg, splits.info, d)
-    if cfg.checkpoint.init_from and not ckpt:
-        checkpoint.load_weights(model, cfg.checkpoint.init_from)
+    if ckpt:  # data.root may change on resume: data of another vocabulary is a conflicting resume (exit 2)
+        try:
+            checkpoint.check_fits(model, ckpt, resume, splits.info, cfg.data)
+        except checkpoint.CheckpointError as exc:
+            raise config.ConfigError(f"refusing to resume: {exc}") from None
+    elif cfg.checkpoint.init_from:
+        checkpoint.load_weights(model, cfg.checkpoint.init_from, splits.info, cfg.data)
     if d.enabled:
         torch.manual_seed(cfg.run.seed + 1 + d.rank)  # from here on, each rank its own dropout
     module = distributed.wrap(model, d)  # a DDP wrapper under torchrun, else the (perhaps sharded) model itself
@@ -251,6 +256,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         closing.callback(lock.release)
     if d.is_main:
         checkpoint.clean_stale_tmp(run_dir)  # safe: no other live run owns these files
+        if warning := config.ignored(cfg):
+            print(f"warning: {warning}", file=sys.stderr)
     log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step,
                         runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
     closing.push(log.ended)

@@ -1,12 +1,17 @@
 """The training loop's contract, one behaviour per test: each task trains end to end, a bad config is refused with
 exit 2 naming the field before anything is written, a non-finite loss stops the run before its step, and a corrupt,
 truncated or foreign checkpoint is refused in one line."""
+import json
+import os
 import random
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import checkpoint
+import runlock
 import runlog
 import train
 from faults import Faults
@@ -135,3 +140,51 @@ def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(t
                             "checkpoint.init_from": str(run_dir / "last.pt")})])
     err = capsys.readouterr().err
     assert code == 1 and "shapes differ" in err, err  # init_from a differently sized model
+
+
+def text_run(root: Path) -> dict:
+    """The smallest GPT run on nanoGPT's token files in `root`: one layer, windows of 16, 4 steps, one evaluation."""
+    return {**tiny_lm(""), "data.dataset": "tokens", "data.root": str(root), "data.block_size": 16,
+            "data.eval_windows": 16, "model.gpt.n_layer": 1, "model.gpt.block_size": 16, "train.steps": 4,
+            "train.eval_every": 4}
+
+
+def token_folder(root: Path, vocab: int) -> Path:
+    """train.bin and val.bin of random ids below `vocab`, and meta.json saying so."""
+    ids = np.random.default_rng(vocab).integers(0, vocab, 3000, dtype=np.uint16)
+    root.mkdir()
+    ids[:2500].tofile(root / "train.bin")
+    ids[2500:].tofile(root / "val.bin")
+    (root / "meta.json").write_text(json.dumps({"vocab_size": vocab}))
+    return root
+
+
+def test_resuming_onto_data_of_another_vocabulary_exits_2_naming_both_and_the_meta_file(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train.run(cfg_of(text_run(token_folder(tmp_path / "v50", 50)), run_dir))
+    other = token_folder(tmp_path / "v60", 60)
+    capsys.readouterr()
+    code = train.main(["--set", *sets({**text_run(other), "run.out_dir": str(run_dir),
+                                       "checkpoint.resume": "auto", "train.steps": 8})])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "vocab_size 60" in err and "vocab_size 50" in err and str(other / "meta.json") in err, err
+
+
+def test_a_text_run_setting_train_epochs_warns_once_on_stderr_that_train_steps_counts(tmp_path, capsys):
+    root = token_folder(tmp_path / "tokens", 50)
+    train.run(cfg_of({**text_run(root), "train.epochs": 3}, tmp_path / "run"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: train.epochs=3 is ignored") and "train.steps" in err[0], err
+
+
+def test_a_fresh_launch_into_a_live_run_folder_says_it_is_busy_not_to_resume_it(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**TINY, "train.max_steps": 3}, run_dir))  # leaves last.pt: a run to continue
+    live = runlock.hold(run_dir)  # as the live run holds it: flock conflicts across open files, even in one process
+    try:
+        code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir)})])
+    finally:
+        live.release()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"in use by a live run (pid {os.getpid()} on " in err and "resume=auto" not in err, err
