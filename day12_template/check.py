@@ -296,7 +296,13 @@ def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_p
     assert "first module with a non-finite output: blocks.0.1 (LayerNorm)" in text and "Traceback" not in text, text
 
 
-def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_in_90_s(tmp_path):
+def children_cpu_seconds() -> float:
+    """User + system CPU time of every child process of this one that has ended (and of theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_in_3_cpu_minutes(tmp_path):
     """The copy's CI (ci.sh: `pip install -e ".[test]"`, the command, its pytest) in a fresh virtual environment that
     sees this one's packages, so nothing is downloaded; then the installed command trains the smoke config."""
     from sprint.venv import seeing_this_environment  # from a venv, conda or the base interpreter (tests/test_venv.py)
@@ -308,13 +314,17 @@ def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_
     # its --no-* variables inverted), so the build uses the installed setuptools; PIP_NO_INDEX forbids downloads.
     env = child_env(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", VIRTUAL_ENV=str(venv), PYTHONPATH="",
                     PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0")
+    cpu_before = children_cpu_seconds()
     code, text = launch(["bash", "ci.sh"], cwd=copy, env=env, timeout=600)
+    cpu_seconds = children_cpu_seconds() - cpu_before
     print(text[-6000:])  # pytest shows it when a gate below fails
     gates.check("the copy's ci.sh (install, template-train --help, pytest): exit code", code, "==", 0)
     summary = re.search(r"(\d+) passed.* in ([\d.]+)s", text)
     assert summary and not re.search(r"failed|skipped|error", summary.group(0)), text[-3000:]
     gates.check("the copy's pytest: tests passed (none failed, skipped or in error)", int(summary.group(1)), ">=", 60)
-    gates.check("the copy's pytest: seconds on this machine", float(summary.group(2)), "<", 90)
+    # CPU time, not the wall clock pytest prints (which a second process on the machine stretches): 3 minutes of
+    # it is 90 s of both cores of a 2-core laptop
+    gates.check("the copy's ci.sh: CPU seconds of all its processes (install, command, pytest)", cpu_seconds, "<", 180)
     code, text = launch(["template-train", "--config", "configs/synthetic_smoke.toml", "--set", "train.progress=off"],
                         cwd=copy, env=env)
     gates.check("`template-train --config configs/synthetic_smoke.toml` in the copy: exit code", code, "==", 0)

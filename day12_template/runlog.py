@@ -239,14 +239,14 @@ class RunLog:
             if self.mlflow:
                 self.mlflow.flush()
 
-    def epoch_bar(self, epoch: int, total: int, done: int) -> None:
-        """A tqdm bar for this epoch: on a terminal (progress=auto) or always (bar); rank 0 only."""
+    def epoch_bar(self, label: str, total: int, done: int) -> None:
+        """A tqdm bar for this evaluation period (`label`: "epoch 2/6"): on a terminal (progress=auto) or always
+        (bar); rank 0 only."""
         mode = self.cfg.train.progress
         if self.active and (mode == "bar" or mode == "auto" and sys.stderr.isatty()):
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=done, desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}",
-                            dynamic_ncols=True, leave=False)
+            self.bar = tqdm(total=total, initial=done, desc=label, dynamic_ncols=True, leave=False)
 
     def advance(self) -> None:
         if self.bar is not None:

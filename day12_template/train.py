@@ -269,8 +269,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                    f"{sampler.position:,})")
         if ckpt["world_size"] != d.world:
             resumed += f"; {ckpt['world_size']} -> {d.world} ranks: same samples, new dropout"
-        planned = ckpt["config"]["train"]
-        if (planned["steps"], planned["epochs"]) != (tc.steps, tc.epochs):  # safe to change, but it re-plans
+        if run_length(config.from_dict(ckpt["config"]).train, sampler)[1] != total_steps:  # safe, but it re-plans
             resumed += (f"; the schedule is re-planned for {total_steps} steps: the learning rate follows the new "
                         f"warmup + cosine from this step on")
         if progress.step >= total_steps:
@@ -340,7 +339,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     while sampler.epoch < periods and progress.step < last_step and not early_stopped():
         period = sampler.epoch
         batches = iter(train_loader)
-        log.epoch_bar(period, sampler.steps_per_epoch, sampler.steps_per_epoch - sampler.steps_left())
+        log.epoch_bar(f"{'period' if tc.steps else 'epoch'} {period + 1}/{periods}", sampler.steps_per_epoch,
+                      sampler.steps_per_epoch - sampler.steps_left())
         for _ in range(sampler.steps_left()):
             micro_batches = [next(batches) for _ in range(accum)]
             step_loss = forward_backward(module, task, micro_batches, device, autocast, scaler,

@@ -188,3 +188,19 @@ def test_a_fresh_launch_into_a_live_run_folder_says_it_is_busy_not_to_resume_it(
         live.release()
     err = capsys.readouterr().err.strip()
     assert code == 2 and f"in use by a live run (pid {os.getpid()} on " in err and "resume=auto" not in err, err
+
+
+def test_a_text_runs_progress_bar_counts_evaluation_periods_not_epochs(tmp_path, capsys):
+    root = token_folder(tmp_path / "tokens", 50)
+    train.run(cfg_of({**text_run(root), "train.eval_every": 2, "train.progress": "bar"}, tmp_path / "run"))
+    err = capsys.readouterr().err
+    assert "period 1/2" in err and "period 2/2" in err and "epoch" not in err, err
+
+
+def test_a_text_resume_that_changes_only_train_epochs_keeps_its_schedule(tmp_path, capsys):
+    root, run_dir = token_folder(tmp_path / "tokens", 50), tmp_path / "run"
+    train.run(cfg_of({**text_run(root), "train.steps": 8, "train.max_steps": 4}, run_dir))
+    capsys.readouterr()
+    train.run(cfg_of({**text_run(root), "train.steps": 8, "train.epochs": 3, "checkpoint.resume": "auto"}, run_dir))
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "re-planned" not in out, out
