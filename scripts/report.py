@@ -28,7 +28,8 @@ import figures  # noqa: E402
 from sprint.gates import GATES_DIR  # noqa: E402
 
 FOLDERS = [*figures.DAYS.values(), "errors", "tests"]  # what `pytest` collects (pyproject's testpaths)
-SHARED = ["sprint", "conftest.py", "pyproject.toml", "data/mnist"]  # code and data every folder's tests depend on
+# code and data every folder's tests depend on
+SHARED = ["sprint", "conftest.py", "pyproject.toml", "data/mnist", "data/fashion-mnist"]
 SKIP_DIRS = {".git", "runs", "results", "__pycache__", ".pytest_cache", ".hypothesis", "MNIST"}
 REPORT = ROOT / "REPORT.md"
 INTERVIEW = ROOT / "INTERVIEW.md"
