@@ -5,8 +5,9 @@
                  against the manifest on first use. Byte-level tokens: vocabulary 256, one byte per token.
     tokens       nanoGPT's on-disk format in a folder: train.bin, val.bin (optional test.bin) of raw token ids
                  (uint16, or uint32 when vocab_size > 65536), memory-mapped, never read whole, plus meta.json
-                 {"vocab_size": int, "dtype": "uint16"|"uint32" (optional), "itos": {id: str} or [str] (optional)}
-                 or nanoGPT's meta.pkl {"vocab_size", "stoi", "itos"}.
+                 {"vocab_size": int, "dtype": "uint16"|"uint32" (optional), "itos": {id: str} or [str] (optional:
+                 the token strings sample.py decodes; JSON's keys are the ids' digits 0-9)} or nanoGPT's meta.pkl
+                 {"vocab_size", "stoi", "itos"}.
 
 Shakespeare's split is by whole works, so that no scene is split across train and evaluation: VAL_WORKS and TEST_WORKS
 (below) are held out, and train is every other work in manifest order. Each split is its works' texts in manifest
@@ -23,6 +24,7 @@ import gzip
 import hashlib
 import json
 import pickle
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,8 +191,15 @@ class RefuseGlobals(pickle.Unpickler):
                             f"not run code); write meta.json instead")
 
 
+def is_token_id(key) -> bool:
+    """An int >= 0, or its decimal digits as JSON writes keys: 0-9 only, since str.isdigit also takes "²" (which
+    int() refuses) and str.isdecimal other scripts' digits ("١", which int() reads as 1)."""
+    return (type(key) is int and key >= 0) or (isinstance(key, str) and re.fullmatch("[0-9]+", key) is not None)
+
+
 def read_meta(root: Path) -> tuple[Path, dict]:
-    """(path, meta) from meta.json or meta.pkl, with an int vocab_size > 0 and itos (if any) as {id: str}."""
+    """(path, meta) from meta.json or meta.pkl, with an int vocab_size > 0, dtype the name of a DTYPES entry that holds
+    it (given or the default: uint16 up to 65,536 ids, else uint32) and itos (if any) as {id: str}."""
     path = root / "meta.json" if (root / "meta.json").is_file() else root / "meta.pkl"
     if not path.is_file():
         raise TextDataError(f"{root} has no meta file (looked for meta.json and meta.pkl): write meta.json with "
@@ -209,12 +218,18 @@ def read_meta(root: Path) -> tuple[Path, dict]:
     if type(size) is not int or size <= 0:
         raise TextDataError(f"{path} must hold a dict with an int vocab_size > 0; got {type(meta).__name__} "
                             f"with vocab_size={size!r}")
+    dtype = meta.setdefault("dtype", "uint16" if size <= 65536 else "uint32")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise TextDataError(f"{path}: dtype must be 'uint16' or 'uint32' (a string), not {dtype!r}")
+    if dtype == "uint16" and size > 65536:
+        raise TextDataError(f"{path}: dtype 'uint16' cannot hold vocab_size {size}: use 'uint32'")
     itos = meta.get("itos")
     if isinstance(itos, list):
         itos = dict(enumerate(itos))
     if itos is not None:
-        if not isinstance(itos, dict) or not all(isinstance(s, str) and str(i).isdigit() for i, s in itos.items()):
-            raise TextDataError(f"{path}: itos must map token ids to strings (a dict, or a list of strings)")
+        if not isinstance(itos, dict) or not all(isinstance(s, str) and is_token_id(i) for i, s in itos.items()):
+            raise TextDataError(f"{path}: itos must map token ids (ints, or as JSON keys their digits 0-9) to strings: "
+                                f"a dict, or a list of strings")
         meta["itos"] = {int(i): s for i, s in itos.items()}  # JSON's keys are strings
     return path, meta
 
@@ -255,12 +270,7 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
         if not (folder / name).is_file():
             raise TextDataError(f"{folder / name} not found: write the token ids there (numpy's tofile)")
     meta_path, meta = read_meta(folder)
-    vocab_size = meta["vocab_size"]
-    dtype_name = meta.get("dtype", "uint16" if vocab_size <= 65536 else "uint32")
-    if dtype_name not in DTYPES or (dtype_name == "uint16" and vocab_size > 65536):
-        raise TextDataError(f"{meta_path}: dtype {dtype_name!r} cannot hold vocab_size {vocab_size}: use "
-                            f"'uint16' (vocab_size <= 65536) or 'uint32'")
-    dtype = DTYPES[dtype_name]
+    vocab_size, dtype = meta["vocab_size"], DTYPES[meta["dtype"]]
     train = open_bin(folder / "train.bin", dtype, vocab_size, meta_path, block_size, subset)
     val = open_bin(folder / "val.bin", dtype, vocab_size, meta_path, block_size)
     test = None

@@ -263,3 +263,20 @@ def test_tokenizer_without_itos_or_stoi_is_refused(tmp_path):
     with pytest.raises(text.TextDataError) as err:
         text.tokenizer("tokens", str(root))
     assert "no itos/stoi" in one_line(err)
+
+
+# -- meta files that lie about their types -----------------------------------------------------------------------
+def test_meta_dtype_that_is_not_a_name_is_refused_in_one_line(tmp_path):
+    root = write_tokens(tmp_path, [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5], {"vocab_size": 9, "dtype": ["uint16"]})
+    with pytest.raises(text.TextDataError) as err:
+        text.tokens(str(root), 4, 0, 0)
+    assert str(root / "meta.json") in one_line(err) and "'uint16' or 'uint32'" in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["²", "١"])  # digits to str.isdigit (and int() takes "١" as 1), not ids
+def test_itos_id_that_is_not_ascii_digits_is_refused_in_one_line(tmp_path, key):
+    meta = {"vocab_size": 3, "itos": {"0": "a", "2": "c", key: "b"}}
+    root = write_tokens(tmp_path, [1, 2, 0, 1, 2, 0], [1, 2, 0, 1, 2], meta)
+    with pytest.raises(text.TextDataError) as err:
+        text.tokens(str(root), 4, 0, 0)
+    assert str(root / "meta.json") in one_line(err) and "digits 0-9" in str(err.value)
