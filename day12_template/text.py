@@ -288,6 +288,8 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
 
 # -- tokenizers ----------------------------------------------------------------------------------------------------
 class Tokenizer(Protocol):
+    vocab_size: int  # token ids are below it
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
@@ -296,6 +298,8 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     """UTF-8 bytes as token ids 0..255 (shakespeare)."""
 
+    vocab_size = 256
+
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
@@ -303,17 +307,31 @@ class ByteTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
 
-class CharTokenizer:
-    """One token per character, from a meta file's stoi/itos (nanoGPT's shakespeare_char)."""
+class VocabTokenizer:
+    """Token strings from a meta file's stoi/itos: one character each (nanoGPT's shakespeare_char) or longer (a
+    subword vocabulary). Decoding joins the tokens' strings. Encoding takes, left to right, the longest token string
+    that matches: for characters the only split; for subwords a valid split but not necessarily the tokenizer's own
+    (BPE applies its learned merges in order), so a prompt may reach the model split as its training text rarely was."""
 
-    def __init__(self, stoi: dict[str, int], itos: dict[int, str], meta_path: Path):
-        self.stoi, self.itos, self.meta_path = stoi, itos, meta_path
+    def __init__(self, stoi: dict[str, int], itos: dict[int, str], vocab_size: int, meta_path: Path):
+        self.stoi, self.itos, self.vocab_size, self.meta_path = stoi, itos, vocab_size, meta_path
+        self.longest = max(map(len, stoi), default=0)
 
     def encode(self, text: str) -> list[int]:
-        unknown = sorted(set(text) - self.stoi.keys())
-        if unknown:
-            raise TextDataError(f"characters not in the vocabulary of {self.meta_path}: {''.join(unknown)!r}")
-        return [self.stoi[c] for c in text]
+        ids, unmatched, at = [], [], 0
+        while at < len(text):
+            lengths = range(min(self.longest, len(text) - at), 0, -1)
+            match = next((text[at:at + n] for n in lengths if text[at:at + n] in self.stoi), None)
+            if match is None:
+                unmatched.append(text[at])
+                at += 1
+            else:
+                ids.append(self.stoi[match])
+                at += len(match)
+        if unmatched:
+            raise TextDataError(f"no token of the vocabulary in {self.meta_path} matches the text at the characters "
+                                f"{''.join(sorted(set(unmatched)))!r}")
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.itos.get(i, "\ufffd") for i in ids)  # an id without a string, as bytes' errors="replace"
@@ -327,14 +345,17 @@ def tokenizer(dataset: str, root: str) -> Tokenizer:
     if not root or not Path(root).is_dir():
         raise TextDataError(f"data.root={root!r} is not a folder: the tokens dataset's meta file lives there")
     meta_path, meta = read_meta(Path(root))
-    itos, stoi = meta.get("itos"), meta.get("stoi")
+    itos, stoi, size = meta.get("itos"), meta.get("stoi"), meta["vocab_size"]
     if itos is None and stoi is None:
-        raise TextDataError(f"{meta_path} has no itos/stoi, so text cannot be encoded: add itos (id -> string)")
+        raise TextDataError(f"{meta_path} has no itos/stoi, so its token ids cannot be read as text: sample.py "
+                            f"decodes bytes (the shakespeare dataset) and a meta file's vocabulary of characters or "
+                            f'longer token strings; write the strings into meta.json as "itos": [string of id 0, '
+                            f"string of id 1, ...]")
     if stoi is None:
         stoi = {s: i for i, s in itos.items()}
-    if not isinstance(stoi, dict) or not all(isinstance(s, str) and len(s) == 1 and type(i) is int
+    if not isinstance(stoi, dict) or not all(isinstance(s, str) and type(i) is int and 0 <= i < size
                                              for s, i in stoi.items()):
-        raise TextDataError(f"{meta_path}: a char-level tokenizer needs stoi/itos of single characters and int ids")
+        raise TextDataError(f"{meta_path}: stoi/itos must map strings to int ids below vocab_size {size}")
     if itos is None:
         itos = {i: s for s, i in stoi.items()}
-    return CharTokenizer(stoi, itos, meta_path)
+    return VocabTokenizer(stoi, itos, size, meta_path)
