@@ -7,17 +7,19 @@
 
 The weights load with weights_only=True (no code runs from the file), from any strategy's checkpoint (DDP, FSDP:
 plain state dicts). Generation keeps a KV cache: each new token costs one position's work instead of the whole
-context's (gpt.py: GPT.generate, and its window rule past the model's block size).
+context's (gpt.py: GPT.generate_stream, and its window rule past the model's block size). The text is printed as it
+is made; Ctrl-C stops it and keeps what was printed.
 Vocabularies it decodes, as the run's data describes them: bytes (the shakespeare dataset), or a tokens folder's
 meta.json/meta.pkl itos (or stoi) of single characters or longer token strings (subwords: the prompt is split by
 greedy longest match, not necessarily the tokenizer's own split). A meta file without one (GPT-2's ids from tiktoken)
 is refused in one line saying what to write into it.
-Exit codes: 0 done; 1 the checkpoint or the data's vocabulary cannot be read; 2 bad flags.
+Exit codes: 0 done; 1 the checkpoint or the data's vocabulary cannot be read; 2 bad flags; 130 stopped by Ctrl-C.
 """
 import argparse
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -55,15 +57,27 @@ def load_tokenizer(cfg: config.Config, data_root: Path | None, path: Path, model
     return tokenizer
 
 
-def generate(model, tokenizer, prompt: str, tokens: int, temperature: float, top_k: int | None, seed: int,
-             use_cache: bool = True) -> tuple[str, float]:
-    """(the prompt and its continuation, seconds the generation took)."""
-    ids = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)
+def stream(model, tokenizer: text.Tokenizer, prompt: str, tokens: int, temperature: float, top_k: int | None,
+           seed: int, use_cache: bool = True) -> Iterator[str]:
+    """The prompt's text, then the text each new token completes as soon as the model makes it ("" while a
+    character's bytes are incomplete), then what the last bytes leave: piece n is the n-th token's, and the pieces
+    joined are the decoded whole."""
+    ids = tokenizer.encode(prompt)
+    decode = tokenizer.decoder()
     generator = torch.Generator().manual_seed(seed)
+    yield decode(ids)
+    for token in model.generate_stream(torch.tensor([ids], dtype=torch.long), tokens, temperature=temperature,
+                                       top_k=top_k, use_cache=use_cache, generator=generator):
+        yield decode(token[0].tolist())
+    yield decode([], final=True)
+
+
+def generate(model, tokenizer: text.Tokenizer, prompt: str, tokens: int, temperature: float, top_k: int | None,
+             seed: int, use_cache: bool = True) -> tuple[str, float]:
+    """(the prompt and its continuation, seconds the generation took)."""
     t0 = time.perf_counter()
-    out = model.generate(ids, tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
-                         generator=generator)
-    return tokenizer.decode(out[0].tolist()), time.perf_counter() - t0
+    written = "".join(stream(model, tokenizer, prompt, tokens, temperature, top_k, seed, use_cache))
+    return written, time.perf_counter() - t0
 
 
 def main(argv=None) -> int:
@@ -94,15 +108,23 @@ def main(argv=None) -> int:
         parser.error(f"--data-root {args.data_root} is not a folder: give the one holding the run's meta.json or "
                      f"meta.pkl")
     path = args.checkpoint or args.run / "best.pt"
+    made = 0  # tokens printed: piece n of the stream is the n-th token's text
     try:
         model, cfg = load_model(path)
         tokenizer = load_tokenizer(cfg, args.data_root, path, model.wte.num_embeddings)
-        sample, seconds = generate(model, tokenizer, args.prompt, args.tokens, args.temperature,
-                                   args.top_k or None, args.seed, use_cache=not args.no_cache)
+        t0 = time.perf_counter()
+        for made, piece in enumerate(stream(model, tokenizer, args.prompt, args.tokens, args.temperature,
+                                            args.top_k or None, args.seed, use_cache=not args.no_cache)):
+            print(piece, end="", flush=True)
+        seconds = time.perf_counter() - t0
     except (checkpoint.CheckpointError, config.ConfigError, text.TextDataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(sample)
+    except KeyboardInterrupt:  # Ctrl-C: the text printed so far stays, without a traceback under it
+        print(flush=True)
+        print(f"[stopped after {made} tokens]", file=sys.stderr)
+        return 130
+    print()
     print(f"\n[{args.tokens} tokens in {seconds:.2f} s: {args.tokens / seconds:,.0f} tokens/s, "
           f"{'no cache' if args.no_cache else 'KV cache'}; {path}]", file=sys.stderr)
     return 0

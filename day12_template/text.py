@@ -19,6 +19,7 @@ or with eval_windows=0 every non-overlapping window. Training samples any window
 Safety: meta.pkl is read by an unpickler that refuses every import. The plain dicts, lists, strings and ints of
 nanoGPT's meta need none; any pickle that wants a global (the only way a pickle runs code) is rejected unread.
 """
+import codecs
 import functools
 import gzip
 import hashlib
@@ -26,6 +27,7 @@ import json
 import pickle
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -294,6 +296,10 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def decoder(self) -> Callable[..., str]:
+        """decode for ids that arrive a few at a time, to print text while it is written: the function returns the
+        text they complete, and with final=True what is left; the pieces joined are decode's text."""
+
 
 class ByteTokenizer:
     """UTF-8 bytes as token ids 0..255 (shakespeare)."""
@@ -305,6 +311,11 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
+
+    def decoder(self) -> Callable[..., str]:
+        """A character once all its bytes have come: one split across tokens is held back, not printed as U+FFFD."""
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return lambda ids, final=False: utf8.decode(bytes(ids), final)
 
 
 class VocabTokenizer:
@@ -335,6 +346,10 @@ class VocabTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.itos.get(i, "\ufffd") for i in ids)  # an id without a string, as bytes' errors="replace"
+
+    def decoder(self) -> Callable[..., str]:
+        """Every token is whole characters: nothing is held back."""
+        return lambda ids, final=False: self.decode(ids)
 
 
 def tokenizer(dataset: str, root: str) -> Tokenizer:

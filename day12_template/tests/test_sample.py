@@ -1,7 +1,7 @@
 """sample.py against hostile input, one behaviour per test: a moved tokens run samples with --data-root, a subword
-vocabulary decodes, a vocabulary sample.py cannot decode is one line saying what to write. One tiny GPT for the
-module, trained on a subword vocabulary's ids (whole words, a space, a new line) in nanoGPT's files, whose folder then
-moves."""
+vocabulary decodes, a vocabulary sample.py cannot decode is one line saying what to write, the text streams and Ctrl-C
+keeps it, and a tiny temperature is greedy. One tiny GPT for the module, trained on a subword vocabulary's ids (whole
+words, a space, a new line) in nanoGPT's files, whose folder then moves."""
 import json
 import random
 import shutil
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import gpt
 import sample
 import train
 from helpers import cfg_of, tiny_lm
@@ -103,3 +104,45 @@ def test_a_meta_without_a_vocabulary_says_which_vocabularies_sample_decodes(lm, 
     code, _, err = run_sample(capsys, "--run", lm["run"], "--data-root", str(ids_only), "--prompt", PROMPT)
     message = one_line(err)
     assert code == 1 and "bytes" in message and "characters" in message and '"itos": [' in message
+
+
+def test_sample_prints_each_token_as_it_is_made(lm, capsys, monkeypatch):
+    printed = []  # what stdout holds when the model makes each token
+    make = gpt.GPT.generate_stream
+
+    def watched(*args, **kwargs):
+        for token in make(*args, **kwargs):
+            printed.append(capsys.readouterr().out)
+            yield token
+
+    monkeypatch.setattr(gpt.GPT, "generate_stream", watched)
+    code, out, _ = run_sample(capsys, "--run", lm["run"], "--data-root", lm["moved"], "--prompt", PROMPT,
+                              "--tokens", "10")
+    assert code == 0 and len(printed) == 10 and printed[0] == PROMPT
+    assert all(piece in VOCAB for piece in printed[1:])  # one token's text each time: a word, a space, a new line
+
+
+def test_ctrl_c_keeps_the_text_printed_and_exits_130_with_one_line(lm, capsys, monkeypatch):
+    argv = ["--run", lm["run"], "--data-root", lm["moved"], "--prompt", PROMPT]
+    _, three_tokens, _ = run_sample(capsys, *argv, "--tokens", "3")
+    make = gpt.GPT.generate_stream
+
+    def interrupted(*args, **kwargs):
+        for made, token in enumerate(make(*args, **kwargs)):
+            if made == 3:
+                raise KeyboardInterrupt
+            yield token
+
+    monkeypatch.setattr(gpt.GPT, "generate_stream", interrupted)
+    try:
+        code, out, err = run_sample(capsys, *argv, "--tokens", "50")
+    except KeyboardInterrupt:  # uncaught, it would stop pytest itself
+        pytest.fail("Ctrl-C escaped sample.main")
+    assert code == 130 and out == three_tokens and one_line(err).strip() == "[stopped after 3 tokens]"
+
+
+def test_a_tiny_temperature_samples_the_greedy_text(lm, capsys):
+    argv = ["--run", lm["run"], "--data-root", lm["moved"], "--prompt", PROMPT, "--tokens", "30"]
+    _, greedy, _ = run_sample(capsys, *argv, "--temperature", "0")
+    code, out, err = run_sample(capsys, *argv, "--temperature", "1e-40")
+    assert code == 0 and out == greedy, err

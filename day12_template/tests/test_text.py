@@ -280,6 +280,14 @@ def test_tokenizer_refuses_ids_beyond_vocab_size(tmp_path):
     assert "below vocab_size 2" in one_line(err)
 
 
+def test_byte_decoder_prints_only_complete_characters():
+    tok = text.tokenizer("shakespeare", "")
+    ids = list("aé€😀".encode()) + [0xFF] + list("€".encode())[:2]  # an invalid byte, a character cut short
+    decode = tok.decoder()
+    pieces = [decode([i]) for i in ids] + [decode([], final=True)]
+    assert pieces[:8] == ["a", "", "é", "", "", "€", "", ""] and "".join(pieces) == tok.decode(ids)
+
+
 # -- meta files that lie about their types -----------------------------------------------------------------------
 def test_meta_dtype_that_is_not_a_name_is_refused_in_one_line(tmp_path):
     root = write_tokens(tmp_path, [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5], {"vocab_size": 9, "dtype": ["uint16"]})
