@@ -80,12 +80,20 @@ def generate(model, tokenizer: text.Tokenizer, prompt: str, tokens: int, tempera
     return written, time.perf_counter() - t0
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help with each flag's default, except None ("default: None" explains nothing), and the docstring's examples
+    as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[2:]),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--run", type=Path, help="a run folder (its best.pt is used)")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint file instead of --run's best.pt")
-    parser.add_argument("--prompt", default="\n", help="the text to continue (default: a new line)")
+    parser.add_argument("--prompt", default="\n", help="the text to continue (default: %(default)r, a new line)")
     parser.add_argument("--tokens", type=int, default=500, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 more random; 0 = greedy")
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0 = all")

@@ -1,7 +1,7 @@
 """sample.py against hostile input, one behaviour per test: a moved tokens run samples with --data-root, a subword
 vocabulary decodes, a vocabulary sample.py cannot decode is one line saying what to write, the text streams and Ctrl-C
-keeps it, and a tiny temperature is greedy. One tiny GPT for the module, trained on a subword vocabulary's ids (whole
-words, a space, a new line) in nanoGPT's files, whose folder then moves."""
+keeps it, a tiny temperature is greedy, and --help shows the defaults. One tiny GPT for the module, trained on a
+subword vocabulary's ids (whole words, a space, a new line) in nanoGPT's files, whose folder then moves."""
 import json
 import random
 import shutil
@@ -146,3 +146,10 @@ def test_a_tiny_temperature_samples_the_greedy_text(lm, capsys):
     _, greedy, _ = run_sample(capsys, *argv, "--temperature", "0")
     code, out, err = run_sample(capsys, *argv, "--temperature", "1e-40")
     assert code == 0 and out == greedy, err
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        sample.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # as argparse wraps it at any terminal width
+    assert exit_.value.code == 0 and "(default: 0.8)" in out and "(default: 50)" in out and "(default: 500)" in out
