@@ -437,6 +437,11 @@ def widen(folder: Path) -> None:
     np.fromfile(folder / "train.bin", dtype=np.uint16).astype(np.uint32).tofile(folder / "train.bin")
 
 
+def rewrite_meta(**fields):
+    """A break that writes these fields into token_folder's meta.json."""
+    return lambda folder: (folder / "meta.json").write_text(json.dumps({"vocab_size": 50, **fields}))
+
+
 BAD_TOKENS = {  # what is wrong -> (how to break a good folder, a word the one-line error must contain)
     "a .bin of an odd byte length": (lambda f: (f / "val.bin").write_bytes((f / "val.bin").read_bytes() + b"\0"),
                                      "val.bin"),
@@ -445,6 +450,8 @@ BAD_TOKENS = {  # what is wrong -> (how to break a good folder, a word the one-l
     "a validation split shorter than a window": (lambda f: (f / "val.bin").write_bytes(b"\1\0" * 8), "block_size"),
     "no folder at all": (lambda f: shutil.rmtree(f), "data.root"),
     "uint32 ids where meta.json says uint16": (widen, "uint32"),
+    "a meta dtype that is not a name": (rewrite_meta(dtype=["uint16"]), "dtype"),
+    "an itos id that is not the digits 0-9": (rewrite_meta(itos={"²": "a"}), "digits 0-9"),  # "²".isdigit() is True
 }
 
 

@@ -4,6 +4,7 @@ Standalone: imports only torch and the standard library. The model returns logit
 computes the loss. Its repeated layers live in `self.blocks`, the units of activation checkpointing.
 """
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -167,15 +168,26 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens).
+        """Extend idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens): generate_stream's
+        tokens after idx."""
+        return torch.cat([idx, *self.generate_stream(idx, max_new_tokens, temperature, top_k, use_cache, generator)],
+                         dim=1)
 
-        temperature 0 picks the argmax; otherwise logits / temperature are sampled, restricted to the top_k largest
-        when top_k is given. Window rule, the same with and without the cache: the model conditions on idx[:, start:],
-        starting with the last block_size tokens of the prompt. When the window holds block_size tokens and one more
-        is needed, start jumps so that the window keeps the last block_size // 2 tokens. The cached path then resets
-        its cache and prefills those tokens, after which each step feeds one token again until the next jump, so the
-        cache stays useful past block_size; the uncached path recomputes the whole window every step.
-        The model runs in eval mode; its previous mode is restored afterwards.
+    @torch.no_grad()
+    def generate_stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                        top_k: int | None = None, use_cache: bool = True,
+                        generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+        """Yield each of max_new_tokens sampled tokens (B, 1) as soon as it is drawn, so that a caller can show text
+        while it is written, and keep it when stopped.
+
+        temperature 0 picks the argmax; otherwise logits / temperature are sampled (scale_logits: a temperature so
+        small that they overflow picks the argmax too), restricted to the top_k largest when top_k is given. Window
+        rule, the same with and without the cache: the model conditions on idx[:, start:], starting with the last
+        block_size tokens of the prompt. When the window holds block_size tokens and one more is needed, start jumps
+        so that the window keeps the last block_size // 2 tokens. The cached path then resets its cache and prefills
+        those tokens, after which each step feeds one token again until the next jump, so the cache stays useful past
+        block_size; the uncached path recomputes the whole window every step.
+        The model runs in eval mode until the stream ends or is closed; its previous mode is restored then.
         """
         was_training = self.training
         self.eval()
@@ -194,13 +206,25 @@ class GPT(nn.Module):
                 if temperature == 0:
                     next_token = logits.argmax(dim=-1, keepdim=True)
                 else:
-                    logits = logits / temperature
+                    logits = scale_logits(logits, temperature)
                     if top_k is not None:
                         kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
                         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
                     probs = F.softmax(logits, dim=-1)
                     next_token = torch.multinomial(probs, 1, generator=generator)
                 idx = torch.cat([idx, next_token], dim=1)
+                yield next_token
         finally:
             self.train(was_training)
-        return idx
+
+
+def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature, except in a row whose largest quotient overflows (temperature 1e-40: softmax would make
+    it NaN), which gets the limit as the temperature goes to 0 instead: 0 at the row's largest logits, -inf elsewhere,
+    so sampling draws the argmax. Once the largest overflows that limit is exact: every smaller logit trails it by at
+    least half an ulp, which over the temperature exceeds eps / 2 x the dtype's largest float (2e31 in fp32), and the
+    exp of minus that is 0. A row that does not overflow keeps its quotients bit for bit, so ordinary temperatures
+    draw the same tokens as before."""
+    scaled = logits / temperature
+    limit = torch.zeros_like(logits).masked_fill(logits < logits.amax(dim=-1, keepdim=True), float("-inf"))
+    return torch.where(scaled.amax(dim=-1, keepdim=True).isfinite(), scaled, limit)

@@ -3,16 +3,23 @@
     python sample.py --run runs/shakespeare_cpu --prompt "ROMEO:" --tokens 500 --temperature 0.8 --top-k 50
     python sample.py --run runs/shakespeare_cpu --temperature 0          # greedy: the most likely token each time
     python sample.py --run runs/shakespeare_cpu --no-cache               # recompute every position (slower, same text)
+    python sample.py --run runs/my_tokens_run --data-root DIR           # a tokens run whose data folder moved
 
 The weights load with weights_only=True (no code runs from the file), from any strategy's checkpoint (DDP, FSDP:
 plain state dicts). Generation keeps a KV cache: each new token costs one position's work instead of the whole
-context's (gpt.py: GPT.generate, and its window rule past the model's block size).
-Exit codes: 0 done; 1 the checkpoint or the data's tokenizer cannot be read; 2 bad flags.
+context's (gpt.py: GPT.generate_stream, and its window rule past the model's block size). The text is printed as it
+is made; Ctrl-C stops it and keeps what was printed.
+Vocabularies it decodes, as the run's data describes them: bytes (the shakespeare dataset), or a tokens folder's
+meta.json/meta.pkl itos (or stoi) of single characters or longer token strings (subwords: the prompt is split by
+greedy longest match, not necessarily the tokenizer's own split). A meta file without one (GPT-2's ids from tiktoken)
+is refused in one line saying what to write into it.
+Exit codes: 0 done; 1 the checkpoint or the data's vocabulary cannot be read; 2 bad flags; 130 stopped by Ctrl-C.
 """
 import argparse
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -35,27 +42,66 @@ def load_model(path: Path) -> tuple[torch.nn.Module, config.Config]:
     return model.eval(), cfg
 
 
-def generate(model, tokenizer, prompt: str, tokens: int, temperature: float, top_k: int | None, seed: int,
-             use_cache: bool = True) -> tuple[str, float]:
-    """(the prompt and its continuation, seconds the generation took)."""
-    ids = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)
+def load_tokenizer(cfg: config.Config, data_root: Path | None, path: Path, model_vocab: int) -> text.Tokenizer:
+    """The run's tokenizer: bytes, or the vocabulary of the meta file in data_root, by default the data.root that the
+    checkpoint at `path` recorded, which need not exist here (another machine, or relative to another directory)."""
+    root = cfg.data.root if data_root is None else str(data_root)
+    if data_root is None and cfg.data.dataset == "tokens" and not Path(root).is_dir():
+        raise text.TextDataError(f"data.root {root!r}, recorded in {path}, is not a folder here (the data moved, or "
+                                 f"the path is relative to another directory): pass --data-root DIR, the folder "
+                                 f"holding the run's meta.json or meta.pkl")
+    tokenizer = text.tokenizer(cfg.data.dataset, root)
+    if tokenizer.vocab_size > model_vocab:
+        raise text.TextDataError(f"the meta file in {root} has vocab_size {tokenizer.vocab_size}, more token ids than "
+                                 f"the model's {model_vocab}: --data-root must be the folder of the run's own data")
+    return tokenizer
+
+
+def stream(model, tokenizer: text.Tokenizer, prompt: str, tokens: int, temperature: float, top_k: int | None,
+           seed: int, use_cache: bool = True) -> Iterator[str]:
+    """The prompt's text, then the text each new token completes as soon as the model makes it ("" while a
+    character's bytes are incomplete), then what the last bytes leave: piece n is the n-th token's, and the pieces
+    joined are the decoded whole."""
+    ids = tokenizer.encode(prompt)
+    decode = tokenizer.decoder()
     generator = torch.Generator().manual_seed(seed)
+    yield decode(ids)
+    for token in model.generate_stream(torch.tensor([ids], dtype=torch.long), tokens, temperature=temperature,
+                                       top_k=top_k, use_cache=use_cache, generator=generator):
+        yield decode(token[0].tolist())
+    yield decode([], final=True)
+
+
+def generate(model, tokenizer: text.Tokenizer, prompt: str, tokens: int, temperature: float, top_k: int | None,
+             seed: int, use_cache: bool = True) -> tuple[str, float]:
+    """(the prompt and its continuation, seconds the generation took)."""
     t0 = time.perf_counter()
-    out = model.generate(ids, tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
-                         generator=generator)
-    return tokenizer.decode(out[0].tolist()), time.perf_counter() - t0
+    written = "".join(stream(model, tokenizer, prompt, tokens, temperature, top_k, seed, use_cache))
+    return written, time.perf_counter() - t0
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help with each flag's default, except None ("default: None" explains nothing), and the docstring's examples
+    as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[2:]),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--run", type=Path, help="a run folder (its best.pt is used)")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint file instead of --run's best.pt")
-    parser.add_argument("--prompt", default="\n", help="the text to continue (default: a new line)")
+    parser.add_argument("--prompt", default="\n", help="the text to continue (default: %(default)r, a new line)")
     parser.add_argument("--tokens", type=int, default=500, help="tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 more random; 0 = greedy")
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0 = all")
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed: the same seed gives the same text")
+    parser.add_argument("--data-root", type=Path,
+                        help="the folder holding a tokens run's meta.json or meta.pkl, instead of the data.root its "
+                             "checkpoint recorded (moved data, a relative path from another directory); "
+                             "byte-level runs read no data")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
     args = parser.parse_args(argv)
     if (args.run is None) == (args.checkpoint is None):
@@ -66,16 +112,27 @@ def main(argv=None) -> int:
         parser.error(f"--temperature must be a finite number, got {args.temperature}")
     if not args.prompt:
         parser.error("--prompt must hold at least one character: the model continues a context")
+    if args.data_root is not None and not args.data_root.is_dir():
+        parser.error(f"--data-root {args.data_root} is not a folder: give the one holding the run's meta.json or "
+                     f"meta.pkl")
     path = args.checkpoint or args.run / "best.pt"
+    made = 0  # tokens printed: piece n of the stream is the n-th token's text
     try:
         model, cfg = load_model(path)
-        tokenizer = text.tokenizer(cfg.data.dataset, cfg.data.root)
-        sample, seconds = generate(model, tokenizer, args.prompt, args.tokens, args.temperature,
-                                   args.top_k or None, args.seed, use_cache=not args.no_cache)
+        tokenizer = load_tokenizer(cfg, args.data_root, path, model.wte.num_embeddings)
+        t0 = time.perf_counter()
+        for made, piece in enumerate(stream(model, tokenizer, args.prompt, args.tokens, args.temperature,
+                                            args.top_k or None, args.seed, use_cache=not args.no_cache)):
+            print(piece, end="", flush=True)
+        seconds = time.perf_counter() - t0
     except (checkpoint.CheckpointError, config.ConfigError, text.TextDataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(sample)
+    except KeyboardInterrupt:  # Ctrl-C: the text printed so far stays, without a traceback under it
+        print(flush=True)
+        print(f"[stopped after {made} tokens]", file=sys.stderr)
+        return 130
+    print()
     print(f"\n[{args.tokens} tokens in {seconds:.2f} s: {args.tokens / seconds:,.0f} tokens/s, "
           f"{'no cache' if args.no_cache else 'KV cache'}; {path}]", file=sys.stderr)
     return 0

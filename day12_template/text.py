@@ -5,8 +5,9 @@
                  against the manifest on first use. Byte-level tokens: vocabulary 256, one byte per token.
     tokens       nanoGPT's on-disk format in a folder: train.bin, val.bin (optional test.bin) of raw token ids
                  (uint16, or uint32 when vocab_size > 65536), memory-mapped, never read whole, plus meta.json
-                 {"vocab_size": int, "dtype": "uint16"|"uint32" (optional), "itos": {id: str} or [str] (optional)}
-                 or nanoGPT's meta.pkl {"vocab_size", "stoi", "itos"}.
+                 {"vocab_size": int, "dtype": "uint16"|"uint32" (optional), "itos": {id: str} or [str] (optional:
+                 the token strings sample.py decodes; JSON's keys are the ids' digits 0-9)} or nanoGPT's meta.pkl
+                 {"vocab_size", "stoi", "itos"}.
 
 Shakespeare's split is by whole works, so that no scene is split across train and evaluation: VAL_WORKS and TEST_WORKS
 (below) are held out, and train is every other work in manifest order. Each split is its works' texts in manifest
@@ -18,12 +19,15 @@ or with eval_windows=0 every non-overlapping window. Training samples any window
 Safety: meta.pkl is read by an unpickler that refuses every import. The plain dicts, lists, strings and ints of
 nanoGPT's meta need none; any pickle that wants a global (the only way a pickle runs code) is rejected unread.
 """
+import codecs
 import functools
 import gzip
 import hashlib
 import json
 import pickle
+import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -194,8 +198,15 @@ def meta_path(root: Path) -> Path:
     return root / "meta.json" if (root / "meta.json").is_file() else root / "meta.pkl"
 
 
+def is_token_id(key) -> bool:
+    """An int >= 0, or its decimal digits as JSON writes keys: 0-9 only, since str.isdigit also takes "²" (which
+    int() refuses) and str.isdecimal other scripts' digits ("١", which int() reads as 1)."""
+    return (type(key) is int and key >= 0) or (isinstance(key, str) and re.fullmatch("[0-9]+", key) is not None)
+
+
 def read_meta(root: Path) -> tuple[Path, dict]:
-    """(path, meta) from meta.json or meta.pkl, with an int vocab_size > 0 and itos (if any) as {id: str}."""
+    """(path, meta) from meta.json or meta.pkl, with an int vocab_size > 0, dtype the name of a DTYPES entry that holds
+    it (given or the default: uint16 up to 65,536 ids, else uint32) and itos (if any) as {id: str}."""
     path = meta_path(root)
     if not path.is_file():
         raise TextDataError(f"{root} has no meta file (looked for meta.json and meta.pkl): write meta.json with "
@@ -214,12 +225,18 @@ def read_meta(root: Path) -> tuple[Path, dict]:
     if type(size) is not int or size <= 0:
         raise TextDataError(f"{path} must hold a dict with an int vocab_size > 0; got {type(meta).__name__} "
                             f"with vocab_size={size!r}")
+    dtype = meta.setdefault("dtype", "uint16" if size <= 65536 else "uint32")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise TextDataError(f"{path}: dtype must be 'uint16' or 'uint32' (a string), not {dtype!r}")
+    if dtype == "uint16" and size > 65536:
+        raise TextDataError(f"{path}: dtype 'uint16' cannot hold vocab_size {size}: use 'uint32'")
     itos = meta.get("itos")
     if isinstance(itos, list):
         itos = dict(enumerate(itos))
     if itos is not None:
-        if not isinstance(itos, dict) or not all(isinstance(s, str) and str(i).isdigit() for i, s in itos.items()):
-            raise TextDataError(f"{path}: itos must map token ids to strings (a dict, or a list of strings)")
+        if not isinstance(itos, dict) or not all(isinstance(s, str) and is_token_id(i) for i, s in itos.items()):
+            raise TextDataError(f"{path}: itos must map token ids (ints, or as JSON keys their digits 0-9) to strings: "
+                                f"a dict, or a list of strings")
         meta["itos"] = {int(i): s for i, s in itos.items()}  # JSON's keys are strings
     return path, meta
 
@@ -260,12 +277,7 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
         if not (folder / name).is_file():
             raise TextDataError(f"{folder / name} not found: write the token ids there (numpy's tofile)")
     meta_path, meta = read_meta(folder)
-    vocab_size = meta["vocab_size"]
-    dtype_name = meta.get("dtype", "uint16" if vocab_size <= 65536 else "uint32")
-    if dtype_name not in DTYPES or (dtype_name == "uint16" and vocab_size > 65536):
-        raise TextDataError(f"{meta_path}: dtype {dtype_name!r} cannot hold vocab_size {vocab_size}: use "
-                            f"'uint16' (vocab_size <= 65536) or 'uint32'")
-    dtype = DTYPES[dtype_name]
+    vocab_size, dtype = meta["vocab_size"], DTYPES[meta["dtype"]]
     train = open_bin(folder / "train.bin", dtype, vocab_size, meta_path, block_size, subset)
     val = open_bin(folder / "val.bin", dtype, vocab_size, meta_path, block_size)
     test = None
@@ -283,13 +295,21 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
 
 # -- tokenizers ----------------------------------------------------------------------------------------------------
 class Tokenizer(Protocol):
+    vocab_size: int  # token ids are below it
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def decoder(self) -> Callable[..., str]:
+        """decode for ids that arrive a few at a time, to print text while it is written: the function returns the
+        text they complete, and with final=True what is left; the pieces joined are decode's text."""
+
 
 class ByteTokenizer:
     """UTF-8 bytes as token ids 0..255 (shakespeare)."""
+
+    vocab_size = 256
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -297,21 +317,44 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
 
+    def decoder(self) -> Callable[..., str]:
+        """A character once all its bytes have come: one split across tokens is held back, not printed as U+FFFD."""
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return lambda ids, final=False: utf8.decode(bytes(ids), final)
 
-class CharTokenizer:
-    """One token per character, from a meta file's stoi/itos (nanoGPT's shakespeare_char)."""
 
-    def __init__(self, stoi: dict[str, int], itos: dict[int, str], meta_path: Path):
-        self.stoi, self.itos, self.meta_path = stoi, itos, meta_path
+class VocabTokenizer:
+    """Token strings from a meta file's stoi/itos: one character each (nanoGPT's shakespeare_char) or longer (a
+    subword vocabulary). Decoding joins the tokens' strings. Encoding takes, left to right, the longest token string
+    that matches: for characters the only split; for subwords a valid split but not necessarily the tokenizer's own
+    (BPE applies its learned merges in order), so a prompt may reach the model split as its training text rarely was."""
+
+    def __init__(self, stoi: dict[str, int], itos: dict[int, str], vocab_size: int, meta_path: Path):
+        self.stoi, self.itos, self.vocab_size, self.meta_path = stoi, itos, vocab_size, meta_path
+        self.longest = max(map(len, stoi), default=0)
 
     def encode(self, text: str) -> list[int]:
-        unknown = sorted(set(text) - self.stoi.keys())
-        if unknown:
-            raise TextDataError(f"characters not in the vocabulary of {self.meta_path}: {''.join(unknown)!r}")
-        return [self.stoi[c] for c in text]
+        ids, unmatched, at = [], [], 0
+        while at < len(text):
+            lengths = range(min(self.longest, len(text) - at), 0, -1)
+            match = next((text[at:at + n] for n in lengths if text[at:at + n] in self.stoi), None)
+            if match is None:
+                unmatched.append(text[at])
+                at += 1
+            else:
+                ids.append(self.stoi[match])
+                at += len(match)
+        if unmatched:
+            raise TextDataError(f"no token of the vocabulary in {self.meta_path} matches the text at the characters "
+                                f"{''.join(sorted(set(unmatched)))!r}")
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.itos.get(i, "\ufffd") for i in ids)  # an id without a string, as bytes' errors="replace"
+
+    def decoder(self) -> Callable[..., str]:
+        """Every token is whole characters: nothing is held back."""
+        return lambda ids, final=False: self.decode(ids)
 
 
 def tokenizer(dataset: str, root: str) -> Tokenizer:
@@ -322,14 +365,17 @@ def tokenizer(dataset: str, root: str) -> Tokenizer:
     if not root or not Path(root).is_dir():
         raise TextDataError(f"data.root={root!r} is not a folder: the tokens dataset's meta file lives there")
     meta_path, meta = read_meta(Path(root))
-    itos, stoi = meta.get("itos"), meta.get("stoi")
+    itos, stoi, size = meta.get("itos"), meta.get("stoi"), meta["vocab_size"]
     if itos is None and stoi is None:
-        raise TextDataError(f"{meta_path} has no itos/stoi, so text cannot be encoded: add itos (id -> string)")
+        raise TextDataError(f"{meta_path} has no itos/stoi, so its token ids cannot be read as text: sample.py "
+                            f"decodes bytes (the shakespeare dataset) and a meta file's vocabulary of characters or "
+                            f'longer token strings; write the strings into meta.json as "itos": [string of id 0, '
+                            f"string of id 1, ...]")
     if stoi is None:
         stoi = {s: i for i, s in itos.items()}
-    if not isinstance(stoi, dict) or not all(isinstance(s, str) and len(s) == 1 and type(i) is int
+    if not isinstance(stoi, dict) or not all(isinstance(s, str) and type(i) is int and 0 <= i < size
                                              for s, i in stoi.items()):
-        raise TextDataError(f"{meta_path}: a char-level tokenizer needs stoi/itos of single characters and int ids")
+        raise TextDataError(f"{meta_path}: stoi/itos must map strings to int ids below vocab_size {size}")
     if itos is None:
         itos = {i: s for s, i in stoi.items()}
-    return CharTokenizer(stoi, itos, meta_path)
+    return VocabTokenizer(stoi, itos, size, meta_path)

@@ -263,3 +263,43 @@ def test_tokenizer_without_itos_or_stoi_is_refused(tmp_path):
     with pytest.raises(text.TextDataError) as err:
         text.tokenizer("tokens", str(root))
     assert "no itos/stoi" in one_line(err)
+
+
+def test_subword_tokenizer_encodes_by_greedy_longest_match(tmp_path):
+    meta = {"vocab_size": 5, "itos": ["a", "b", "ab", "abc", " "]}
+    root = write_tokens(tmp_path, [1, 2, 3, 4, 0, 1], [1, 2, 3, 4, 0], meta)
+    tok = text.tokenizer("tokens", str(root))
+    assert tok.encode("abcab ba") == [3, 2, 4, 1, 0] and tok.decode([3, 2, 4, 1, 0]) == "abcab ba"
+
+
+def test_tokenizer_refuses_ids_beyond_vocab_size(tmp_path):
+    meta = {"vocab_size": 2, "stoi": {"a": 0, "b": 7}}
+    root = write_tokens(tmp_path, [1, 0, 1, 0, 1, 0], [1, 0, 1, 0, 1], meta, pkl=True)
+    with pytest.raises(text.TextDataError) as err:
+        text.tokenizer("tokens", str(root))
+    assert "below vocab_size 2" in one_line(err)
+
+
+def test_byte_decoder_prints_only_complete_characters():
+    tok = text.tokenizer("shakespeare", "")
+    ids = list("aé€😀".encode()) + [0xFF] + list("€".encode())[:2]  # an invalid byte, a character cut short
+    decode = tok.decoder()
+    pieces = [decode([i]) for i in ids] + [decode([], final=True)]
+    assert pieces[:8] == ["a", "", "é", "", "", "€", "", ""] and "".join(pieces) == tok.decode(ids)
+
+
+# -- meta files that lie about their types -----------------------------------------------------------------------
+def test_meta_dtype_that_is_not_a_name_is_refused_in_one_line(tmp_path):
+    root = write_tokens(tmp_path, [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5], {"vocab_size": 9, "dtype": ["uint16"]})
+    with pytest.raises(text.TextDataError) as err:
+        text.tokens(str(root), 4, 0, 0)
+    assert str(root / "meta.json") in one_line(err) and "'uint16' or 'uint32'" in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["²", "١"])  # digits to str.isdigit (and int() takes "١" as 1), not ids
+def test_itos_id_that_is_not_ascii_digits_is_refused_in_one_line(tmp_path, key):
+    meta = {"vocab_size": 3, "itos": {"0": "a", "2": "c", key: "b"}}
+    root = write_tokens(tmp_path, [1, 2, 0, 1, 2, 0], [1, 2, 0, 1, 2], meta)
+    with pytest.raises(text.TextDataError) as err:
+        text.tokens(str(root), 4, 0, 0)
+    assert str(root / "meta.json") in one_line(err) and "digits 0-9" in str(err.value)
