@@ -138,14 +138,14 @@ def test_optimised_pipeline_is_at_least_3x_faster_per_epoch(study):
 @pytest.mark.slow
 def test_preparing_the_data_once_alone_speeds_up_the_loop(study):
     naive, in_memory = study["stages"][:2]
-    gates.check("naive / in-memory CPU time per image (batch 64 both, fastest batches)",
+    gates.check("naive / in-memory one-thread CPU time per image (batch 64 both, fastest batches)",
                 report.per_image_cpu_us(naive) / report.per_image_cpu_us(in_memory), ">=", 2.0)
 
 
 @pytest.mark.slow
 def test_a_bigger_batch_alone_speeds_up_the_loop(study):
     small, big = study["stages"][1:3]
-    gates.check("batch 64 / batch 256 CPU time per image (in memory, same LR, fastest batches)",
+    gates.check("batch 64 / batch 256 one-thread CPU time per image (in memory, same LR, fastest batches)",
                 report.per_image_cpu_us(small) / report.per_image_cpu_us(big), ">=", 1.5)
 
 

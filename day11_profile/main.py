@@ -143,9 +143,7 @@ def evaluate(model, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def time_phases(stages: list[Stage], train_idx, device: torch.device, n_batches: int, seed: int) -> list[dict]:
     """The curriculum's measurement: time a batch fetch and a training step separately, per stage the fastest of
-    `n_batches`. The stages take turns, one batch each per round, so a busy spell on a shared machine hits all alike.
-    Each phase is also timed in CPU seconds of this process (`*_cpu_ms`): another process on the same cores slows
-    the wall clock, not the work done, so the gates that compare two stages' speed read those."""
+    `n_batches`. The stages take turns, one batch each per round, so a busy spell on a shared machine hits all alike."""
     runs = [(*make_model(st, len(train_idx), device, seed), batches(st, train_idx, device, seed), Timings())
             for st in stages]  # per stage: a model, an optimizer, a scheduler, a batch stream, its timings
     for i in range(n_batches + 1):  # the first round is a warm-up (allocator, thread pool) and is not counted
@@ -159,6 +157,19 @@ def time_phases(stages: list[Stage], train_idx, device: torch.device, n_batches:
             if i:
                 timings.add(start, fetched, timings.now())
     return [timings.figures() for *_, timings in runs]
+
+
+def cpu_ms_in_one_thread(stages: list[Stage], train_idx, device: torch.device, n_batches: int, seed: int) -> list:
+    """Per stage, the CPU milliseconds of its fastest fetch + step in one thread: the work a batch costs, which a
+    second process on the same cores leaves alone. The gates comparing two stages read it, not the wall clock (a
+    descheduled thread holds its partner at the barrier) nor a two-thread step's CPU time (which counts the second
+    thread's share of big ops only, and its spinning)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [t["data_cpu_ms"] + t["step_cpu_ms"] for t in time_phases(stages, train_idx, device, n_batches, seed)]
+    finally:
+        torch.set_num_threads(threads)
 
 
 class Timings:
@@ -284,8 +295,11 @@ def run_study(cfg: Config, log=print) -> dict:
     log("validation accuracy: " + ", ".join(f"{r['stage'].name} {r['val_acc']:.2%}" for r in sweep))
     stages = make_stages(cfg, chosen["stage"])
     results = []
-    for stage, phases in zip(stages, time_phases(stages, train_idx, device, cfg.phase_batches, cfg.seed)):
-        row = {**asdict(stage), **phases, **train_epoch(stage, train_idx, device, cfg.max_samples, cfg.seed)}
+    phases = time_phases(stages, train_idx, device, cfg.phase_batches, cfg.seed)
+    one_thread = cpu_ms_in_one_thread(stages, train_idx, device, cfg.phase_batches, cfg.seed)
+    for stage, timed, cpu_ms in zip(stages, phases, one_thread):
+        row = {**asdict(stage), **timed, "one_thread_cpu_ms": cpu_ms,
+               **train_epoch(stage, train_idx, device, cfg.max_samples, cfg.seed)}
         model = row.pop("model")
         row["test_acc"] = evaluate(model, x_test, y_test)  # once per stage, after its training
         row["weights_sum"] = sum(p.double().sum().item() for p in model.parameters())  # identical training?
