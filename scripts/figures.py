@@ -23,7 +23,7 @@ from pathlib import Path
 
 from day01_env_and_tensors.report import readme_environment
 from day04_mlp_mnist.report import readme_results
-from day05_dataloader.report import readme_demos
+from day05_dataloader.report import readme_demos, readme_workers
 from day06_ckpt_resume.overfit_lab import gap_ratios, readme_overfit
 from day06_ckpt_resume.prove_resume import readme_optimizer, readme_resume, state_verdict
 from day07_amp_accum.report import by_precision, readme_cpu_bf16, readme_precision, readme_training
@@ -43,10 +43,10 @@ from sprint import fragment_text, markdown_table, read_json, wrap
 
 ROOT = Path(__file__).resolve().parents[1]
 DAYS = {int(p.name[3:5]): p.name for p in sorted(ROOT.glob("day[0-9][0-9]_*")) if p.is_dir()}
-FRAGMENTS = [readme_environment, readme_results, readme_demos, readme_resume, readme_optimizer, readme_overfit,
-             readme_training, readme_precision, readme_cpu_bf16, readme_optim, readme_xor, readme_mnist, readme_bench,
-             readme_seeds, readme_residual, readme_norms, day10_intro, readme_memory, readme_timings, readme_memcalc,
-             day11_intro, readme_compile]
+FRAGMENTS = [readme_environment, readme_results, readme_demos, readme_workers, readme_resume, readme_optimizer,
+             readme_overfit, readme_training, readme_precision, readme_cpu_bf16, readme_optim, readme_xor, readme_mnist,
+             readme_bench, readme_seeds, readme_residual, readme_norms, day10_intro, readme_memory, readme_timings,
+             readme_memcalc, day11_intro, readme_compile]
 BEGIN = re.compile(r"^<!-- (generated|include): (.+?) -->$")
 END = "<!-- end generated -->"
 
