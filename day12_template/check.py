@@ -901,6 +901,24 @@ def test_muon_gets_the_blocks_linear_weights_and_adamw_the_embeddings_and_norms(
     assert model.lm_head.weight is model.wte.weight and len(linear) == 4 * cfg.model.gpt.n_layer
 
 
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_resnet", "shakespeare_cpu"])
+def test_build_optimizer_decays_the_weight_matrices_and_embeddings_only(name):
+    """train.build_optimizer's groups, against the modules that own each parameter: the weight of every Linear, Conv
+    and Embedding decayed at optim.weight_decay; biases and the norms' gains and shifts (LayerNorm, BatchNorm) not."""
+    cfg = config.load(str(HERE / "configs" / f"{name}.toml"), [])
+    model = models.build(cfg.model, memory.info_of(cfg), device="meta")
+    optimizer = train.build_optimizer(model, cfg.optim)
+    names = {id(p): n for n, p in model.named_parameters()}
+    owned = {f"{m}.{k}" if m else k: (type(module), k) for m, module in model.named_modules()
+             for k, _ in module.named_parameters(recurse=False)}
+    decayed = sorted(n for n in names.values() if owned[n][1] == "weight"
+                     and issubclass(owned[n][0], (nn.Linear, nn.Conv2d, nn.Embedding)))
+    gates.check(f"{name}: AdamW's groups (names, weight decay): the weights of Linear, Conv2d and Embedding modules "
+                f"decayed, every other parameter not", [(sorted(names[id(p)] for p in g["params"]), g["weight_decay"])
+                                                        for g in optimizer.param_groups], "==",
+                [(decayed, cfg.optim.weight_decay), (sorted(set(names.values()) - set(decayed)), 0.0)])
+
+
 def test_muons_newton_schulz_in_fp32_is_torchs_bf16_iteration_to_bf16_precision():
     """muon_lab runs the iteration in fp32 on CPUs without fast bf16 (an AVX2-only CPU: 25x slower in bf16)."""
     grad = torch.randn(384, 128, generator=torch.Generator().manual_seed(0))
