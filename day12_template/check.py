@@ -1267,9 +1267,9 @@ def dist_runs(tmp_path_factory):
               "state": str(audit / "state-F"), "init": str(audit / "init-F.pt")},
              {"set": sets({**el_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["EL"])})},
              {"set": sets({**DIST_LM, "train.strategy": "ddp", "run.out_dir": str(dirs["AL"])}),
-              "state": str(audit / "state-AL")},
+              "state": str(audit / "state-AL"), "sent": str(audit / "sent-AL")},
              {"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs["FL"])}),
-              "state": str(audit / "state-FL"), "init": str(audit / "init-FL.pt")},
+              "state": str(audit / "state-FL"), "init": str(audit / "init-FL.pt"), "sent": str(audit / "sent-FL")},
              {"set": sets({**el_vals, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["FE"])})},
              *({"set": sets({**DIST_LM, "train.strategy": strategy}), "build": str(audit / f"build-{strategy}")}
                for strategy in ("fsdp", "ddp")),
@@ -1445,6 +1445,22 @@ def test_fsdp_holds_a_1_over_n_share_of_ddps_parameters_gradients_and_adamw_stat
                 max(abs(total["fsdp", r] / (total["ddp_dropout", r] / 2) - 1) for r in (0, 1)), "<=", 0.05)
     gates.check(f"{task}: DDP's bytes per rank / (16 x parameters) - 1 (fp32 weights, gradients, 2 moments)",
                 abs(held["ddp_dropout", 0]["params"] * 4 / total["ddp_dropout", 0] - 1), "<=", 0.01)
+
+
+def test_the_bytes_each_rank_sends_per_step_are_the_ring_formulas_for_ddp_and_zero_3(dist_runs):
+    """zero_lab's count of what DDP and FSDP2 hand their collectives in one steady step of the GPT (AL and FL, 2 gloo
+    ranks), against the six-week plan's volumes: DDP 2(N-1)/N * 4 Psi, ZeRO-3 3(N-1)/N * 4 Psi."""
+    sent = {(k, r): json.loads((dist_runs["audit"] / f"sent-{k}-rank{r}.json").read_text())
+            for k in ("AL", "FL") for r in (0, 1)}
+    psi, root = sent["AL", 0]["psi"], sent["FL", 0]["root_psi"]
+    for k, strategy in (("AL", "ddp"), ("FL", "fsdp")):
+        gates.check(f"GPT ({psi:,} parameters), 2 ranks, {strategy}: bytes each rank sends per step / "
+                    f"{2 if strategy == 'ddp' else 3}(N-1)/N * 4 Psi - 1, worst of 2 ranks",
+                    max(abs(sent[k, r]["sent"] / zero_lab.volume_formula(strategy, 2, psi) - 1) for r in (0, 1)),
+                    "<=", 0.10)
+    gates.check(f"... fsdp: bytes sent / (N-1)/N * 4 (3 Psi - Psi_root) - 1 (the root module's {root:,} parameters "
+                "are gathered once: FSDP2 keeps them from forward to backward), worst of 2 ranks",
+                max(abs(sent["FL", r]["sent"] / (0.5 * 4 * (3 * psi - root)) - 1) for r in (0, 1)), "<=", 1e-3)
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -2240,6 +2256,28 @@ class StateProbe(train.Hook):
             self.handle.remove()
 
 
+class SentProbe(train.Hook):
+    """Writes, on each rank, the bytes it sent during the run's third optimizer step (a steady one: DDP has rebuilt
+    its buckets, FSDP2 initialised), counted by zero_lab.SentBytes where DDP and FSDP2 call their collectives, beside
+    the model's parameter count and that of its root module's own parameters (those outside model.blocks)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def attach(self, model, module, progress):
+        self.sent = zero_lab.SentBytes(module, int(os.environ["WORLD_SIZE"]))
+        self.psi = sum(p.numel() for p in model.parameters())  # a DTensor's numel is its whole tensor's
+        self.root_psi = self.psi - sum(p.numel() for p in model.blocks.parameters())
+
+    def step(self, progress):
+        if progress.step == 2:
+            self.sent.total = 0
+        elif progress.step == 3:
+            self.sent.close()
+            Path(f"{self.path}-rank{os.environ['RANK']}.json").write_text(json.dumps(
+                {"sent": self.sent.total, "psi": self.psi, "root_psi": self.root_psi}))
+
+
 class InitProbe(train.Hook):
     """Saves (rank 0) the model's parameters and buffers as the run starts, each gathered whole from its shards."""
 
@@ -2275,6 +2313,7 @@ def dist_driver(plan_file: str) -> int:
             probes = [DtypeProbe(item["dtypes"])] if "dtypes" in item else []
             probes += [StateProbe(item["state"])] if "state" in item else []
             probes += [InitProbe(item["init"])] if "init" in item else []
+            probes += [SentProbe(item["sent"])] if "sent" in item else []
             train.run(config.load(None, item["set"]), [drills, *probes])
         except train.Stopped as exc:
             if not item.get("stops"):  # a planned stop (a drill) goes on with the next run; any other ends the launch
