@@ -9,6 +9,7 @@ holds for every task; the MNIST > 98% and the CPU recipe's 600-step gates (slow)
 """
 import dataclasses
 import errno
+import functools
 import gzip
 import hashlib
 import itertools
@@ -375,17 +376,27 @@ def unigram_loss(splits: data.Splits) -> float:
     return -log_p[targets.flatten()].mean().item()
 
 
-def test_a_tiny_gpt_learns_shakespeare_beyond_byte_frequencies_in_seconds(tmp_path):
-    values = {**TINY_LM, "train.steps": 120, "train.eval_every": 120, "data.eval_windows": 256, "model.gpt.dropout": 0.0}
-    cfg = cfg_of(values, tmp_path / "run")
+TINY_GPT_120 = {**TINY_LM, "train.steps": 120, "train.eval_every": 120, "data.eval_windows": 256,
+                "model.gpt.dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_120(tmp_path_factory):
+    """The tiny GPT trained 120 steps at its lr (3e-3): the model learns, and the reference of the lr drill."""
+    out = tmp_path_factory.mktemp("tiny_gpt_120") / "run"
+    cfg = cfg_of(TINY_GPT_120, out)
     t0 = time.perf_counter()
     result = train.run(cfg)
-    seconds = time.perf_counter() - t0
+    return {"cfg": cfg, "out": out, "result": result, "seconds": time.perf_counter() - t0}
+
+
+def test_a_tiny_gpt_learns_shakespeare_beyond_byte_frequencies_in_seconds(tiny_gpt_120):
+    cfg, result, seconds = tiny_gpt_120["cfg"], tiny_gpt_120["result"], tiny_gpt_120["seconds"]
     baseline = unigram_loss(data.build(cfg.data, 0))
     gates.check("tiny GPT (2 x 32 wide), 120 steps of 32 windows x 32 bytes: val loss / the unigram baseline "
                 f"({baseline:.3f} nats)", result["best_val_loss"] / baseline, "<", 0.97)
     gates.check("tiny GPT on Shakespeare: seconds in-process", seconds, "<", 30)
-    record = [r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "test"][0]
+    record = [r for r in runlog.read_metrics(tiny_gpt_120["out"]) if r["kind"] == "test"][0]
     gates.check("test record: bits per byte = nats per byte / ln 2 (byte tokens)",
                 abs(record["test_bpb"] * math.log(2) - record["test_loss"]), "<", 1e-9)
 
@@ -949,6 +960,33 @@ def test_the_tensorboard_event_file_holds_every_logged_curve(smoke):
     gates.check("... its last train/loss point / the last record's loss - 1 (stored as float32)",
                 abs(curves["last_train_loss"] / logged[-1]["loss"] - 1), "<=", 1e-6)
     assert {"train/loss", "train/lr", "val/val_loss", "val/val_acc"} <= set(curves["tags"]), curves["tags"]
+
+
+def test_ten_times_the_lr_trains_the_tiny_gpt_worse_and_never_reaches_the_nan_stop(tiny_gpt_120, tmp_path):
+    """drills_lab's drill 1 (lr 1e-2, ten times shakespeare_cpu.toml's), its own code on the tiny GPT: 10x its lr."""
+    tiny = functools.partial(drills_lab.launch, config_file=None, base=sets(TINY_GPT_120))
+    drill = drills_lab.high_lr(tmp_path, tiny_gpt_120["out"], tiny)
+    gates.check(f"the lr drill on the tiny GPT, lr {drill['lr']:g} (10x): steps done of {TINY_GPT_120['train.steps']}, "
+                "the NaN stop's message", [drill["steps_done"], drill["nan_stop"]], "==",
+                [TINY_GPT_120["train.steps"], None])
+    gates.check(f"... its val loss after them / the val loss at the config's lr {drill['config_lr']:g}",
+                drill["val_loss"] / drill["config_lr_val_loss"], ">", 1.0)
+
+
+def test_two_runs_of_one_seed_are_bitwise_equal_in_deterministic_mode_and_its_cost_is_measured(tmp_path):
+    """drills_lab's drill 2, its own code on the tiny GPT (dropout on: the masks come from the seed too)."""
+    steps = 16
+    seed = drills_lab.same_seed(tmp_path, functools.partial(drills_lab.launch, config_file=None, base=sets(TINY_LM)),
+                                steps)
+    on, off = seed["deterministic=True"], seed["deterministic=False"]
+    gates.check(f"two tiny-GPT runs of seed 0, run.deterministic = true, {steps} steps: records (train, val, test; "
+                "timing fields aside), those that differ, final weight tensors that differ",
+                [on["records"], on["records_differing"], on["weights_differing"]], "==", [steps + 2, 0, 0])
+    gates.check("torch's deterministic algorithms after each run (run.deterministic = false, false, true, true)",
+                [*off["algorithms_deterministic"], *on["algorithms_deterministic"]], "==", [False, False, True, True])
+    gates.check("deterministic mode's cost: CPU time of a step on / off, the fastest in 2 runs each (a figure the lab "
+                "reports; gated only as measured)", seed["cost_cpu_ratio"], ">", 0)
+    assert math.isfinite(seed["cost_cpu_ratio"]), seed
 
 
 def test_resuming_without_the_optimizer_state_changes_the_run_after_its_first_step(tmp_path):

@@ -320,9 +320,11 @@ def results_table() -> str:
          f"{joined((s['adamw_at_steps'] for s in muon), '.3f')} (seeds 0 / 1); at equal time "
          f"{joined((s['muon_at_time'] for s in muon), '.3f')} vs {joined((s['adamw_at_time'] for s in muon), '.3f')}"],
         ["the engineering chapter's drills on the GPT", "`python day12_template/drills_lab.py`",
-         f"lr 1e-2: val loss {d12d['high_lr']['val_loss']:.3f} after {d12d['high_lr']['steps_done']} steps (the "
-         f"config's lr: {d12d['high_lr']['config_lr_val_loss']:.3f}); a resume without the optimizer state: up to "
-         f"{d12d['resume']['resumed-model-only']['max_gap']:+.3f} nats over the next 50 steps"],
+         f"lr {d12d['high_lr']['lr']:g}: val loss {d12d['high_lr']['val_loss']:.3f} after "
+         f"{d12d['high_lr']['steps_done']} steps (the config's lr: {d12d['high_lr']['config_lr_val_loss']:.3f}); "
+         f"`run.deterministic`: CPU time of a step {d12d['same_seed']['cost_cpu_ratio']:.2f}× off's; a resume without "
+         f"the optimizer state: up to {d12d['resume']['resumed-model-only']['max_gap']:+.3f} nats over the next 50 "
+         "steps"],
         ["template loop overhead, DDP scaling", "`python day12_template/bench.py`",
          f"overhead against a bare loop {d12b['overhead']['wall']['overhead']:+.1%} (wall), "
          f"{d12b['overhead']['cpu']['overhead']:+.1%} (CPU time); DDP 2 ranks "
