@@ -8,6 +8,7 @@ import ast
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -107,7 +108,7 @@ def timing():
 
 
 def test_timing_table_has_a_row_per_worker_count_each_sample_once(timing, tmp_path):
-    report.write_timing(timing, report.interpret(timing), tmp_path)
+    report.write_timing(timing, tmp_path)
     with open(tmp_path / "worker_timing.csv") as f:
         rows = list(csv.DictReader(f))
     gates.check("timing table: one row per num_workers in 0, 2, 4", [int(r["num_workers"]) for r in rows], "==",
@@ -191,6 +192,26 @@ def test_the_interpretation_names_the_model_when_the_model_is_the_bottleneck(tim
     slow_model = {**timing, "model_only_samples_per_s": 1}
     gates.check("with a model slower than every loader, the text says the epoch is bound by the model step",
                 "bound by the model step" in report.interpret(slow_model), "==", True)
+
+
+def test_the_reading_of_workers_beyond_the_cores_says_what_the_figures_say(timing):
+    """The README's sentence on num_workers past the core count is generated (report.interpret); whichever way the
+    figures point, it reports them: a gain as a gain, a loss as a loss, no verdict fixed in advance."""
+    cores = 2
+    said = []
+    for training_ratio, data_ratio in ((1.08, 0.98), (1.0, 1.0), (0.9, 0.8), (1.0, 1.2)):
+        two = {**timing["rows"][1], "num_workers": cores}
+        four = {**two, "num_workers": 2 * cores, "train_epoch_s": two["train_epoch_s"] / training_ratio,
+                "data_samples_per_s": two["data_samples_per_s"] * data_ratio}
+        text = report.interpret({**timing, "cpu_count": cores, "rows": [timing["rows"][0], two, four]})
+        line = next(line for line in text.splitlines() if line.startswith(f"- num_workers={2 * cores} vs {cores}"))
+        said.append([re.search(r"data-only rate \S+ \(([^)]*)\)", line)[1],
+                     re.search(r"training epoch \S+ \(([^)]*)\)", line)[1], "cannot help" in text])
+    gates.check("interpret(), 4 vs 2 workers on 2 cores, the training epoch 1.08x / 1x / 0.9x / 1x and the data-only "
+                "rate 0.98x / 1x / 0.8x / 1.2x as fast: what the text says of each, and whether it says more workers "
+                "'cannot help'",
+                said, "==", [["no faster", "8% faster", False], ["no faster", "no faster", False],
+                             ["20% slower", "10% slower", False], ["20% faster", "no faster", False]])
 
 
 def test_smoke_never_overrides_an_explicit_flag():

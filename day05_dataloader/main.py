@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate, get_w
 from torchvision.transforms import v2
 
 from day04_mlp_mnist.main import MLP
-from day05_dataloader.report import augmentation_report, interpret, plot_augmentations, readme_demos, write_timing
+from day05_dataloader.report import (augmentation_report, interpret, plot_augmentations, readme_demos,
+                                     readme_workers, write_timing)
 from sprint import runs_dir, write_fragment
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import MEAN, SIZES, STD, raw_paths, read_idx, read_idx_header
@@ -285,11 +286,11 @@ def main(argv=None) -> dict:
 
     print(f"[4] one epoch per num_workers in {cfg.workers} ({samples:,} samples, batch {batch_size}):")
     timing = time_workers(cfg.workers, samples, batch_size, cfg.seed, cfg.start_method, cfg.device)
-    text = interpret(timing)
-    print(text)
-    write_timing(timing, text, out)
+    print(interpret(timing))
+    write_timing(timing, out)
     (out / "timing.json").write_text(json.dumps(timing, indent=2) + "\n")
     print(f"wrote {out}/worker_timing.md, worker_timing.csv, worker_timing.png, timing.json")
+    write_fragment(out, readme_workers)
     return timing
 
 

@@ -85,6 +85,14 @@ def warmup_cosine(optimizer, warmup_steps: int, total_steps: int, min_ratio: flo
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW's two parameter groups: the weight matrices decayed, the biases and LayerNorm's gains and shifts (the
+    1-D tensors) not. Pulling those toward 0 does not regularise; it only fights the scale and shift they learn."""
+    params = list(model.parameters())
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
 class Trainer:
     """One training run in `run_dir`: config.json, metrics.jsonl, tb/, ckpt-*.pt, last.pt, best.pt."""
 
@@ -109,10 +117,7 @@ class Trainer:
                                  num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0,
                                  generator=torch.Generator().manual_seed(cfg.seed))
         self.model = self.build_model().to(self.device)
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]  # no decay on biases and LayerNorm gains
-        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+        self.optimizer = torch.optim.AdamW(decay_groups(self.model, cfg.weight_decay), lr=cfg.lr)
         self.steps_per_epoch = math.ceil(len(y) / cfg.batch_size)
         self.scheduler = warmup_cosine(self.optimizer, cfg.warmup_steps, cfg.epochs * self.steps_per_epoch,
                                        cfg.min_lr_ratio)

@@ -179,7 +179,7 @@ def test_autocast_covers_forward_and_loss_only_and_the_optimizer_updates_fp32_pa
 # --- the precision table ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def table():
-    return {r.amp: r for r in day.precision_table(TINY, steps=2)}
+    return {r.amp: r for r in day.precision_table(TINY, steps=4)}
 
 
 def test_bf16_saves_activation_bytes_versus_fp32_on_cpu(table):
@@ -190,6 +190,26 @@ def test_bf16_saves_activation_bytes_versus_fp32_on_cpu(table):
 def test_autocast_does_not_shrink_parameters_gradients_or_optimizer_state(table):
     ratio = table["bf16"].state_bytes / table["off"].state_bytes
     gates.check("params + grads + AdamW bytes, bf16 / fp32", ratio, "==", 1.0)
+
+
+def test_every_precisions_step_time_is_measured(table):
+    gates.check("step time of fp32, fp16 and bf16 autocast (the wall median, the fastest step in CPU time): both "
+                "finite and > 0", [all(math.isfinite(t) and t > 0 for t in (r.step_ms, r.step_cpu_ms))
+                                   for r in table.values()], "==", [True, True, True])
+
+
+def test_a_precision_whose_matmul_is_slower_here_makes_the_step_slower(table):
+    """The speed claim that holds on every CPU, keyed on a property measured here. Native bf16 (AMX, AVX512-BF16)
+    makes a bf16 matmul faster than fp32's, and a small step may still be slower in bf16 (autocast casts every weight
+    on every forward): a fast matmul promises nothing. A dtype whose autocast matmul runs at least 4x slower than
+    fp32's makes the whole step slower: its matmuls run in it, and the casts come on top. (On the 2-core AMD EPYC
+    these gates ran on, AVX-512 with bf16 but not fp16, fp16 is the slow one.)"""
+    fp32 = table["off"]
+    slow = [amp for amp in ("fp16", "bf16") if fp32.matmul_gflops >= 4 * table[amp].matmul_gflops]
+    print("autocast dtypes with a matmul >= 4x slower than fp32's here:", slow)
+    gates.check("step time / fp32's (the fastest step, CPU time) of each autocast dtype whose matmul (256^3) runs >= "
+                "4x slower than fp32's here: the lowest (inf where none does)",
+                min((table[amp].step_cpu_ms / fp32.step_cpu_ms for amp in slow), default=math.inf), ">", 1.0)
 
 
 def test_main_writes_the_table_plot_and_a_trained_run(tmp_path):
@@ -298,6 +318,49 @@ def test_for_a_4x_batch_the_linear_lr_rule_reproduces_the_small_batch_run_here(l
                     "==", "batch 128, LR x4 (linear)")
         gates.check(f"|val loss(linear) - val loss(batch 32)| / |val loss(sqrt) - val loss(batch 32)|, seed {seed}",
                     abs(linear[i].val_loss - base[i].val_loss) / abs(root[i].val_loss - base[i].val_loss), "<", 0.5)
+
+
+# --- optim_lab.py part 5: decoupled weight decay and the no-decay group -----------------------------------------
+@pytest.fixture(scope="module")
+def decay() -> optim_lab.DecayFacts:
+    """The lab's decay comparison at its defaults; the no-decay-group ablation at λ and seed 0 only (6 runs)."""
+    cfg = optim_lab.LabConfig()
+    return optim_lab.decay_lab(cfg, mnist_split(5000, train_subset=cfg.subset), ablation_decays=(cfg.weight_decay,),
+                               ablation_seeds=cfg.seeds[:1])
+
+
+def test_adamws_decay_is_one_factor_for_every_weight_and_adam_l2s_follows_the_gradient(decay):
+    (aw_high, aw_low), (l2_high, l2_low) = decay.shrink["AdamW"], decay.shrink["Adam + L2"]
+    lam = decay.weight_decay
+    gates.check(f"AdamW, λ {lam:g}: fc1's norm kept against no decay, weights with large gradients / with small ones "
+                "(v above / below the median) - 1", abs(aw_high / aw_low - 1), "<", 0.01)
+    gates.check("... each half's kept norm / prod(1 - LR_t λ) - 1 (the decoupled decay step alone), worse half",
+                max(abs(kept / decay.decoupled_factor - 1) for kept in (aw_high, aw_low)), "<", 2e-3)
+    gates.check(f"Adam + L2 at the same λ: kept norm, large-gradient weights / small-gradient ones (the L2 term "
+                "divided by sqrt(v))", l2_high / l2_low, ">", 1.5)
+
+
+def test_scaling_the_loss_changes_adam_l2s_run_and_not_adamws(decay):
+    gates.check(f"loss x{decay.loss_scale:g}: largest relative change of AdamW's final weights (Adam divides the "
+                "scale out, up to its eps)", decay.scale_change["AdamW"], "<", 0.01)
+    gates.check("... of Adam + L2's final weights (its decay is weighed against the gradient)",
+                decay.scale_change["Adam + L2"], ">", 0.1)
+
+
+def test_the_no_decay_group_holds_the_biases_and_layernorm_parameters(tmp_path):
+    trainer = day.AmpTrainer(dataclasses.replace(TINY, amp="off"), tmp_path)  # Day 6's decay_groups
+    names = {p: n for n, p in trainer.model.named_parameters()}
+    linear = sorted(f"{m}.weight" for m, module in trainer.model.named_modules() if isinstance(module, nn.Linear))
+    gates.check("the trainer's AdamW groups (names, weight decay): every nn.Linear weight decayed; the biases and "
+                "LayerNorm's gains and shifts not", [(sorted(names[p] for p in g["params"]), g["weight_decay"])
+                                                     for g in trainer.optimizer.param_groups], "==",
+                [(linear, TINY.weight_decay), (sorted(set(names.values()) - set(linear)), 0.0)])
+
+
+def test_decaying_every_parameter_pulls_the_layernorm_gains_down(decay):
+    a = decay.ablation[0]
+    gates.check(f"λ {a['weight_decay']:g}, seed {a['seed']}: mean LayerNorm gain, decay on every parameter / with the "
+                "no-decay group", a["all_gain_mean"] / a["group_gain_mean"], "<", 1.0)
 
 
 # --- CUDA only -------------------------------------------------------------------------------------------------

@@ -84,12 +84,30 @@ def write_optim_table(lab, path: Path) -> None:
     rows += [f"| {name} | " + " | ".join(f"{r.val_loss:.4f}" for r in runs) + " |"
              for name, runs in lab.scaling.items()]
     rows += ["", "Closest to the batch-32 run, per seed: " + "; ".join(lab.scaling_closest) + "."]
+    d = lab.decay
+    rows += ["", f"**Weight decay, decoupled or not** (λ {d.weight_decay:g} on the weight matrices, LR "
+             f"{cfg.adamw_lr:g}, batch {cfg.batch}, warmup + cosine, seed {cfg.seeds[0]}):", "",
+             "| run | val loss | ‖fc1.weight‖ | mean LayerNorm gain |", "| --- | ---: | ---: | ---: |"]
+    rows += [f"| {name} | {r.val_loss:.4f} | {r.fc1_norm:.3f} | {r.gain_mean:.4f} |" for name, r in d.runs.items()]
+    rows += ["", "| optimizer | ‖fc1‖ kept against no decay: weights with large gradients (v above the median) | "
+             "with small gradients | large / small | loss ×{:g}: largest relative change of the final weights |"
+             .format(d.loss_scale), "| --- | ---: | ---: | ---: | ---: |"]
+    rows += [f"| {name} | {high:.4f} | {low:.4f} | {high / low:.2f} | {d.scale_change[name]:.2g} |"
+             for name, (high, low) in d.shrink.items()]
+    rows += ["", f"AdamW's decay alone, ∏(1 − LR·λ) over the {len(lab.schedule_lr)} steps: {d.decoupled_factor:.5f}.",
+             "", f"**No-decay group** (Day 6's `decay_groups`): decayed {', '.join(d.groups['decay'])}; not decayed "
+             f"{', '.join(d.groups['no decay'])}.", "",
+             "| λ | seed | val loss, no-decay group | val loss, decay on every parameter | difference | mean LayerNorm "
+             "gain, no-decay group / every parameter |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows += [f"| {a['weight_decay']:g} | {a['seed']} | {a['group_val_loss']:.4f} | {a['all_val_loss']:.4f} | "
+             f"{a['all_val_loss'] - a['group_val_loss']:+.4f} | {a['group_gain_mean']:.4f} / {a['all_gain_mean']:.4f} |"
+             for a in d.ablation]
     path.write_text("\n".join(rows) + "\n")
 
 
 def plot_optim(lab, path: Path) -> None:
     """The schedule, the warmup comparison (training loss), the clipping order and the LR-scaling runs."""
-    fig, axes = plots.subplots(1, 4, figsize=(17, 3.8))
+    fig, axes = plots.subplots(1, 5, figsize=(21, 3.8))
     axes[0].plot(range(len(lab.schedule_lr)), lab.schedule_lr)
     axes[0].set(title=f"warmup_cosine: {lab.config.warmup_steps} warmup steps", xlabel="step", ylabel="LR / peak LR")
     for name, runs in lab.warmup.items():
@@ -108,6 +126,13 @@ def plot_optim(lab, path: Path) -> None:
     axes[3].set(title="batch x4: which LR rule", xlabel="fraction of the epoch", ylabel="training loss",
                 yscale="log")
     axes[3].legend(fontsize=7)
+    d = lab.decay
+    for i, (name, (high, low)) in enumerate(d.shrink.items()):
+        axes[4].bar([3 * i, 3 * i + 1], [high, low], color=["tab:blue", "tab:orange"],
+                    label=["large gradients", "small gradients"] if i == 0 else None)
+    axes[4].set_xticks([0.5, 3.5], list(d.shrink))
+    axes[4].set(title=f"weight decay λ {d.weight_decay:g}: ‖fc1‖ kept against no decay", ylabel="norm ratio")
+    axes[4].legend(fontsize=7)
     plots.save(fig, path)
 
 

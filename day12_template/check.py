@@ -9,6 +9,7 @@ holds for every task; the MNIST > 98% and the CPU recipe's 600-step gates (slow)
 """
 import dataclasses
 import errno
+import functools
 import gzip
 import hashlib
 import itertools
@@ -385,17 +386,27 @@ def unigram_loss(splits: data.Splits) -> float:
     return -log_p[targets.flatten()].mean().item()
 
 
-def test_a_tiny_gpt_learns_shakespeare_beyond_byte_frequencies_in_seconds(tmp_path):
-    values = {**TINY_LM, "train.steps": 120, "train.eval_every": 120, "data.eval_windows": 256, "model.gpt.dropout": 0.0}
-    cfg = cfg_of(values, tmp_path / "run")
-    t0 = time.process_time()
+TINY_GPT_120 = {**TINY_LM, "train.steps": 120, "train.eval_every": 120, "data.eval_windows": 256,
+                "model.gpt.dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_120(tmp_path_factory):
+    """The tiny GPT trained 120 steps at its lr (3e-3): the model learns, and the reference of the lr drill."""
+    out = tmp_path_factory.mktemp("tiny_gpt_120") / "run"
+    cfg = cfg_of(TINY_GPT_120, out)
+    t0 = time.process_time()  # CPU time: what the run costs, whatever else the machine is doing meanwhile
     result = train.run(cfg)
-    cpu_seconds = time.process_time() - t0
+    return {"cfg": cfg, "out": out, "result": result, "cpu_seconds": time.process_time() - t0}
+
+
+def test_a_tiny_gpt_learns_shakespeare_beyond_byte_frequencies_in_seconds(tiny_gpt_120):
+    cfg, result = tiny_gpt_120["cfg"], tiny_gpt_120["result"]
     baseline = unigram_loss(data.build(cfg.data, 0))
     gates.check("tiny GPT (2 x 32 wide), 120 steps of 32 windows x 32 bytes: val loss / the unigram baseline "
                 f"({baseline:.3f} nats)", result["best_val_loss"] / baseline, "<", 0.97)
-    gates.check("tiny GPT on Shakespeare: CPU seconds in-process, all threads", cpu_seconds, "<", 30)
-    record = [r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "test"][0]
+    gates.check("tiny GPT on Shakespeare: CPU seconds in-process, all threads", tiny_gpt_120["cpu_seconds"], "<", 30)
+    record = [r for r in runlog.read_metrics(tiny_gpt_120["out"]) if r["kind"] == "test"][0]
     gates.check("test record: bits per byte = nats per byte / ln 2 (byte tokens)",
                 abs(record["test_bpb"] * math.log(2) - record["test_loss"]), "<", 1e-9)
 
@@ -918,6 +929,24 @@ def test_muon_gets_the_blocks_linear_weights_and_adamw_the_embeddings_and_norms(
     assert model.lm_head.weight is model.wte.weight and len(linear) == 4 * cfg.model.gpt.n_layer
 
 
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_resnet", "shakespeare_cpu"])
+def test_build_optimizer_decays_the_weight_matrices_and_embeddings_only(name):
+    """train.build_optimizer's groups, against the modules that own each parameter: the weight of every Linear, Conv
+    and Embedding decayed at optim.weight_decay; biases and the norms' gains and shifts (LayerNorm, BatchNorm) not."""
+    cfg = config.load(str(HERE / "configs" / f"{name}.toml"), [])
+    model = models.build(cfg.model, memory.info_of(cfg), device="meta")
+    optimizer = train.build_optimizer(model, cfg.optim)
+    names = {id(p): n for n, p in model.named_parameters()}
+    owned = {f"{m}.{k}" if m else k: (type(module), k) for m, module in model.named_modules()
+             for k, _ in module.named_parameters(recurse=False)}
+    decayed = sorted(n for n in names.values() if owned[n][1] == "weight"
+                     and issubclass(owned[n][0], (nn.Linear, nn.Conv2d, nn.Embedding)))
+    gates.check(f"{name}: AdamW's groups (names, weight decay): the weights of Linear, Conv2d and Embedding modules "
+                f"decayed, every other parameter not", [(sorted(names[id(p)] for p in g["params"]), g["weight_decay"])
+                                                        for g in optimizer.param_groups], "==",
+                [(decayed, cfg.optim.weight_decay), (sorted(set(names.values()) - set(decayed)), 0.0)])
+
+
 def test_muons_newton_schulz_in_fp32_is_torchs_bf16_iteration_to_bf16_precision():
     """muon_lab runs the iteration in fp32 on CPUs without fast bf16 (an AVX2-only CPU: 25x slower in bf16)."""
     grad = torch.randn(384, 128, generator=torch.Generator().manual_seed(0))
@@ -948,6 +977,33 @@ def test_the_tensorboard_event_file_holds_every_logged_curve(smoke):
     gates.check("... its last train/loss point / the last record's loss - 1 (stored as float32)",
                 abs(curves["last_train_loss"] / logged[-1]["loss"] - 1), "<=", 1e-6)
     assert {"train/loss", "train/lr", "val/val_loss", "val/val_acc"} <= set(curves["tags"]), curves["tags"]
+
+
+def test_ten_times_the_lr_trains_the_tiny_gpt_worse_and_never_reaches_the_nan_stop(tiny_gpt_120, tmp_path):
+    """drills_lab's drill 1 (lr 1e-2, ten times shakespeare_cpu.toml's), its own code on the tiny GPT: 10x its lr."""
+    tiny = functools.partial(drills_lab.launch, config_file=None, base=sets(TINY_GPT_120))
+    drill = drills_lab.high_lr(tmp_path, tiny_gpt_120["out"], tiny)
+    gates.check(f"the lr drill on the tiny GPT, lr {drill['lr']:g} (10x): steps done of {TINY_GPT_120['train.steps']}, "
+                "the NaN stop's message", [drill["steps_done"], drill["nan_stop"]], "==",
+                [TINY_GPT_120["train.steps"], None])
+    gates.check(f"... its val loss after them / the val loss at the config's lr {drill['config_lr']:g}",
+                drill["val_loss"] / drill["config_lr_val_loss"], ">", 1.0)
+
+
+def test_two_runs_of_one_seed_are_bitwise_equal_in_deterministic_mode_and_its_cost_is_measured(tmp_path):
+    """drills_lab's drill 2, its own code on the tiny GPT (dropout on: the masks come from the seed too)."""
+    steps = 16
+    seed = drills_lab.same_seed(tmp_path, functools.partial(drills_lab.launch, config_file=None, base=sets(TINY_LM)),
+                                steps)
+    on, off = seed["deterministic=True"], seed["deterministic=False"]
+    gates.check(f"two tiny-GPT runs of seed 0, run.deterministic = true, {steps} steps: records (train, val, test; "
+                "timing fields aside), those that differ, final weight tensors that differ",
+                [on["records"], on["records_differing"], on["weights_differing"]], "==", [steps + 2, 0, 0])
+    gates.check("torch's deterministic algorithms after each run (run.deterministic = false, false, true, true)",
+                [*off["algorithms_deterministic"], *on["algorithms_deterministic"]], "==", [False, False, True, True])
+    gates.check("deterministic mode's cost: CPU time of a step on / off, the fastest in 2 runs each (a figure the lab "
+                "reports; gated only as measured)", seed["cost_cpu_ratio"], ">", 0)
+    assert math.isfinite(seed["cost_cpu_ratio"]), seed
 
 
 def test_resuming_without_the_optimizer_state_changes_the_run_after_its_first_step(tmp_path):
@@ -1272,9 +1328,9 @@ def launch_dist_runs(tmp: Path) -> dict:
               "state": str(audit / "state-F"), "init": str(audit / "init-F.pt")},
              {"set": sets({**el_vals, "train.grad_accum": 2, "train.strategy": "ddp", "run.out_dir": str(dirs["EL"])})},
              {"set": sets({**DIST_LM, "train.strategy": "ddp", "run.out_dir": str(dirs["AL"])}),
-              "state": str(audit / "state-AL")},
+              "state": str(audit / "state-AL"), "sent": str(audit / "sent-AL")},
              {"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs["FL"])}),
-              "state": str(audit / "state-FL"), "init": str(audit / "init-FL.pt")},
+              "state": str(audit / "state-FL"), "init": str(audit / "init-FL.pt"), "sent": str(audit / "sent-FL")},
              {"set": sets({**el_vals, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["FE"])})},
              *({"set": sets({**DIST_LM, "train.strategy": strategy}), "build": str(audit / f"build-{strategy}")}
                for strategy in ("fsdp", "ddp")),
@@ -1450,6 +1506,22 @@ def test_fsdp_holds_a_1_over_n_share_of_ddps_parameters_gradients_and_adamw_stat
                 max(abs(total["fsdp", r] / (total["ddp_dropout", r] / 2) - 1) for r in (0, 1)), "<=", 0.05)
     gates.check(f"{task}: DDP's bytes per rank / (16 x parameters) - 1 (fp32 weights, gradients, 2 moments)",
                 abs(held["ddp_dropout", 0]["params"] * 4 / total["ddp_dropout", 0] - 1), "<=", 0.01)
+
+
+def test_the_bytes_each_rank_sends_per_step_are_the_ring_formulas_for_ddp_and_zero_3(dist_runs):
+    """zero_lab's count of what DDP and FSDP2 hand their collectives in one steady step of the GPT (AL and FL, 2 gloo
+    ranks), against the six-week plan's volumes: DDP 2(N-1)/N * 4 Psi, ZeRO-3 3(N-1)/N * 4 Psi."""
+    sent = {(k, r): json.loads((dist_runs["audit"] / f"sent-{k}-rank{r}.json").read_text())
+            for k in ("AL", "FL") for r in (0, 1)}
+    psi, root = sent["AL", 0]["psi"], sent["FL", 0]["root_psi"]
+    for k, strategy in (("AL", "ddp"), ("FL", "fsdp")):
+        gates.check(f"GPT ({psi:,} parameters), 2 ranks, {strategy}: bytes each rank sends per step / "
+                    f"{2 if strategy == 'ddp' else 3}(N-1)/N * 4 Psi - 1, worst of 2 ranks",
+                    max(abs(sent[k, r]["sent"] / zero_lab.volume_formula(strategy, 2, psi) - 1) for r in (0, 1)),
+                    "<=", 0.10)
+    gates.check(f"... fsdp: bytes sent / (N-1)/N * 4 (3 Psi - Psi_root) - 1 (the root module's {root:,} parameters "
+                "are gathered once: FSDP2 keeps them from forward to backward), worst of 2 ranks",
+                max(abs(sent["FL", r]["sent"] / (0.5 * 4 * (3 * psi - root)) - 1) for r in (0, 1)), "<=", 1e-3)
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -2245,6 +2317,28 @@ class StateProbe(train.Hook):
             self.handle.remove()
 
 
+class SentProbe(train.Hook):
+    """Writes, on each rank, the bytes it sent during the run's third optimizer step (a steady one: DDP has rebuilt
+    its buckets, FSDP2 initialised), counted by zero_lab.SentBytes where DDP and FSDP2 call their collectives, beside
+    the model's parameter count and that of its root module's own parameters (those outside model.blocks)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def attach(self, model, module, progress):
+        self.sent = zero_lab.SentBytes(module, int(os.environ["WORLD_SIZE"]))
+        self.psi = sum(p.numel() for p in model.parameters())  # a DTensor's numel is its whole tensor's
+        self.root_psi = self.psi - sum(p.numel() for p in model.blocks.parameters())
+
+    def step(self, progress):
+        if progress.step == 2:
+            self.sent.total = 0
+        elif progress.step == 3:
+            self.sent.close()
+            Path(f"{self.path}-rank{os.environ['RANK']}.json").write_text(json.dumps(
+                {"sent": self.sent.total, "psi": self.psi, "root_psi": self.root_psi}))
+
+
 class InitProbe(train.Hook):
     """Saves (rank 0) the model's parameters and buffers as the run starts, each gathered whole from its shards."""
 
@@ -2280,6 +2374,7 @@ def dist_driver(plan_file: str) -> int:
             probes = [DtypeProbe(item["dtypes"])] if "dtypes" in item else []
             probes += [StateProbe(item["state"])] if "state" in item else []
             probes += [InitProbe(item["init"])] if "init" in item else []
+            probes += [SentProbe(item["sent"])] if "sent" in item else []
             train.run(config.load(None, item["set"]), [drills, *probes])
         except train.Stopped as exc:
             if not item.get("stops"):  # a planned stop (a drill) goes on with the next run; any other ends the launch

@@ -3,10 +3,11 @@ measured, each through train.py's own `run`:
 
     python drills_lab.py --out results          # results/drills.json and drills.md
 
-1. A too-high learning rate: lr 1e-2 (ten times the config's) for STEPS steps. Does the NaN stop fire, at which step,
+1. A too-high learning rate: ten times the config's (lr 1e-2) for STEPS steps. Does the NaN stop fire, at which step,
    and where does the validation loss end against the config's lr?
-2. Reproducibility: two runs of one seed (100 steps), with and without `run.deterministic`: are their losses and
-   final weights bitwise equal, and does deterministic mode change anything on this machine?
+2. Reproducibility: two runs of one seed (100 steps), with and without `run.deterministic`: are their records and
+   final weights bitwise equal, does the flag switch torch's deterministic algorithms, what does it change on this
+   machine, and what does it cost (CPU time per step, on / off, the lower of each mode's two runs)?
 3. Resuming without the optimizer state: a run stopped at the middle, resumed once from its full checkpoint and once
    from the same checkpoint with the optimizer's per-parameter state removed (AdamW's moments and step counts start
    again from zero; its settings, the schedule, data order and RNG are restored in both). The loss over the next
@@ -34,10 +35,11 @@ BASE = [f"train.steps={STEPS}", "train.eval_every=150", "train.log_every=1", "da
         "train.progress=off", "checkpoint.every_steps=150"]
 
 
-def launch(out: Path, name: str, *sets: str) -> Path:
-    """One template run of the drills' config into out/name; returns its run folder."""
+def launch(out: Path, name: str, *sets: str, config_file: Path | None = CONFIG, base: list[str] = BASE) -> Path:
+    """One template run of the drills' config (or of `config_file` and `base`: check.py's tiny GPT) into out/name;
+    returns its run folder."""
     run_dir = out / name
-    train.run(config.load(str(CONFIG), [*BASE, f"run.out_dir={run_dir}", *sets]))
+    train.run(config.load(config_file and str(config_file), [*base, f"run.out_dir={run_dir}", *sets]))
     return run_dir
 
 
@@ -45,33 +47,59 @@ def losses(run_dir: Path, kind: str = "train", key: str = "loss") -> dict[int, f
     return {r["step"]: r[key] for r in runlog.read_metrics(run_dir) if r["kind"] == kind}
 
 
-def high_lr(out: Path, reference: Path) -> dict:
-    """Drill 1: lr 1e-2 against the config's (the `reference` run)."""
+TIMING = {"samples_per_s", "tokens_per_s", "mfu", "elapsed_s", "cpu_s"}  # the fields two equal runs may differ in
+
+
+def records(run_dir: Path) -> list[dict]:
+    """Every record of metrics.jsonl (train, val, test) without its timing fields."""
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in runlog.read_metrics(run_dir)]
+
+
+def step_cpu_s(run_dir: Path) -> list[float]:
+    """CPU seconds of the training process in each step after the first (its warm-up), from the per-step records."""
+    cpu = losses(run_dir, key="cpu_s")
+    return [cpu[s] - cpu[s - 1] for s in sorted(cpu)[1:] if s - 1 in cpu]
+
+
+def high_lr(out: Path, reference: Path, run=launch) -> dict:
+    """Drill 1: ten times the lr of the `reference` run (the config's), the same run otherwise."""
+    config_lr = config.load(str(reference / "config.toml"), []).optim.lr
     try:
-        run_dir = launch(out, "lr1e-2", "optim.lr=1e-2")
+        run_dir = run(out, "lr-x10", f"optim.lr={10 * config_lr!r}")
         stopped = None
     except NonFinite as exc:
-        run_dir, stopped = out / "lr1e-2", str(exc).splitlines()[0]
-    val = losses(run_dir, "val", "val_loss")
-    return {"nan_stop": stopped, "steps_done": max(losses(run_dir), default=0), "val_loss": val.get(STEPS),
-            "config_lr_val_loss": losses(reference, "val", "val_loss")[STEPS],
-            "config_lr": config.load(str(CONFIG), []).optim.lr}
+        run_dir, stopped = out / "lr-x10", str(exc).splitlines()[0]
+    val, reference_val = losses(run_dir, "val", "val_loss"), losses(reference, "val", "val_loss")
+    last = max(reference_val)
+    return {"nan_stop": stopped, "steps_done": max(losses(run_dir), default=0), "val_loss": val.get(last),
+            "config_lr_val_loss": reference_val[last], "config_lr": config_lr, "lr": 10 * config_lr}
 
 
-def same_seed(out: Path) -> dict:
-    """Drill 2: two runs of one seed, in each mode: differing losses and final state entries."""
-    result = {}
+def same_seed(out: Path, run=launch, steps: int = SEED_STEPS) -> dict:
+    """Drill 2: two runs of one seed in each mode, the modes taking turns (off, on, off, on: a change in the machine's
+    load hits both): records and final state entries that differ, whether torch's deterministic algorithms were on
+    (the flag train.run leaves set), and the CPU time of a step (the fastest of both runs' steps after the first:
+    the least disturbed by other processes)."""
+    result, switched = {}, {}
+    for k in (0, 1):
+        for deterministic in (False, True):
+            run(out, f"det{deterministic}-{k}", f"run.deterministic={str(deterministic).lower()}",
+                f"train.steps={steps}", f"train.eval_every={steps}")
+            switched.setdefault(deterministic, []).append(torch.are_deterministic_algorithms_enabled())
     for deterministic in (False, True):
-        dirs = [launch(out, f"det{deterministic}-{k}", f"run.deterministic={str(deterministic).lower()}",
-                       f"train.steps={SEED_STEPS}", f"train.eval_every={SEED_STEPS}") for k in (0, 1)]
+        dirs = [out / f"det{deterministic}-{k}" for k in (0, 1)]
         a, b = (losses(d) for d in dirs)
         states = [checkpoint.load(d / "last.pt")["model"] for d in dirs]
+        ra, rb = (records(d) for d in dirs)
         result[f"deterministic={deterministic}"] = {
             "losses_differing": sum(a[s] != b[s] for s in a),
+            "records_differing": sum(x != y for x, y in zip(ra, rb)) + abs(len(ra) - len(rb)), "records": len(ra),
             "weights_differing": sum(not torch.equal(states[0][k], states[1][k]) for k in states[0]),
-            "last_loss": a[SEED_STEPS]}
+            "algorithms_deterministic": switched[deterministic], "last_loss": a[steps],
+            "step_cpu_s": min(t for d in dirs for t in step_cpu_s(d))}
     modes = [losses(out / f"det{d}-0") for d in (False, True)]
     result["between_modes_losses_differing"] = sum(modes[0][s] != modes[1][s] for s in modes[0])
+    result["cost_cpu_ratio"] = result["deterministic=True"]["step_cpu_s"] / result["deterministic=False"]["step_cpu_s"]
     return result
 
 
@@ -121,15 +149,18 @@ def markdown(res: dict) -> str:
     lines = [f"`{res['config']}`'s GPT, {STEPS} steps per run (the same-seed runs {SEED_STEPS}); {res['machine']}, "
              f"torch {res['torch']}, {res['threads']} threads.", "",
              "| drill | measured |", "|---|---|",
-             f"| lr 1e-2 (the config's: {lr['config_lr']:g}, validation loss after {STEPS} steps "
+             f"| lr {lr['lr']:g}, ten times the config's ({lr['config_lr']:g}: validation loss after {STEPS} steps "
              f"{lr['config_lr_val_loss']:.3f}) | the NaN stop {fired} |"]
     for mode in ("deterministic=False", "deterministic=True"):
         m = seed[mode]
-        lines.append(f"| two runs of seed 0, `run.{mode.replace('=', ' = ').lower()}` | losses that differ: "
-                     f"{m['losses_differing']} of {SEED_STEPS}; final weight tensors that differ: "
-                     f"{m['weights_differing']} |")
+        lines.append(f"| two runs of seed 0, `run.{mode.replace('=', ' = ').lower()}` | records that differ: "
+                     f"{m['records_differing']} of {m['records']} (losses: {m['losses_differing']} of {SEED_STEPS}); "
+                     f"final weight tensors that differ: {m['weights_differing']}; torch's deterministic algorithms "
+                     f"{'on' if all(m['algorithms_deterministic']) else 'off'} |")
+    on, off = (seed[f"deterministic={d}"]["step_cpu_s"] for d in (True, False))
     lines.append(f"| deterministic on against off | losses that differ: {seed['between_modes_losses_differing']} "
-                 f"of {SEED_STEPS} |")
+                 f"of {SEED_STEPS}; CPU time of a step (the fastest of steps 2-{SEED_STEPS} in two runs) "
+                 f"{1000 * on:.0f} ms on, {1000 * off:.0f} ms off: on / off {seed['cost_cpu_ratio']:.3f} |")
     for name, label in (("resumed-full", "full checkpoint"),
                         ("resumed-model-only", "checkpoint without the optimizer's state (moments, step counts)")):
         r = resume[name]

@@ -10,7 +10,10 @@ before it (the profiler's allocation record, the CPU stand-in for torch.cuda.max
 sends per optimizer step, counted from the collectives it calls (DDP's gradient buckets through a comm hook; FSDP2's
 all-gathers and reduce-scatters) as a ring algorithm sends them: all-reduce 2(N-1)/N of the payload, all-gather and
 reduce-scatter (N-1)/N. Formulas (fp32 weights, gradients and two AdamW moments, Psi parameters): DDP 16 Psi per
-rank, ZeRO-3 16 Psi / N; the all-reduce volume of DDP 2(N-1)/N * 4 Psi.
+rank, ZeRO-3 16 Psi / N; the volume each rank sends per step: DDP's all-reduce of the gradients 2(N-1)/N * 4 Psi,
+ZeRO-3's all-gather in forward, again in backward, and reduce-scatter of the gradients 3(N-1)/N * 4 Psi. (FSDP2 keeps
+the root module's parameters, here the embeddings and the last norm, gathered from forward to backward: it gathers
+them once, so it sends (N-1)/N * 4 (3 Psi - Psi_root).)
 
 Then one checkpoint of each format, timed on every rank: full (the whole model and optimizer gathered on rank 0,
 one file) and sharded (each rank writes its own shard with torch.distributed.checkpoint): the training stall per
@@ -62,12 +65,20 @@ def held_bytes(model: torch.nn.Module, optimizer) -> dict:
 class SentBytes:
     """Bytes this rank sends per collective, ring-equivalent, counted where DDP and FSDP2 call them."""
 
+    COLLECTIVES = ("all_gather_single", "reduce_scatter_single")  # FSDP2 calls these on torch.distributed
+
     def __init__(self, module: torch.nn.Module, world: int):
         self.world, self.total = world, 0
         if hasattr(module, "register_comm_hook"):  # DDP: each gradient bucket is all-reduced once per step
             module.register_comm_hook(None, self.ddp_bucket)
-        for name in ("all_gather_single", "reduce_scatter_single"):  # FSDP2 calls these on torch.distributed
-            setattr(dist, name, self.counted(getattr(dist, name)))
+        self.originals = {name: getattr(dist, name) for name in self.COLLECTIVES}
+        for name, collective in self.originals.items():
+            setattr(dist, name, self.counted(collective))
+
+    def close(self) -> None:
+        """Stop counting FSDP2's collectives (DDP's comm hook stays with its module)."""
+        for name, collective in self.originals.items():
+            setattr(dist, name, collective)
 
     def ring(self, nbytes: int, factor: int) -> None:
         self.total += factor * (self.world - 1) * nbytes // self.world
@@ -87,6 +98,13 @@ class SentBytes:
 
         call.__name__ = collective.__name__
         return call
+
+
+def volume_formula(strategy: str, ranks: int, psi: int) -> float:
+    """Bytes each rank sends per optimizer step for fp32 gradients (and, sharded, fp32 weights) of psi parameters:
+    DDP's ring all-reduce 2(N-1)/N * 4 Psi; ZeRO-3 (FSDP2) all-gathers the weights in forward and in backward and
+    reduce-scatters the gradients, 3(N-1)/N * 4 Psi."""
+    return (2 if strategy == "ddp" else 3) * (ranks - 1) / ranks * 4 * psi
 
 
 # -- one rank's measurement ---------------------------------------------------------------------------------------
@@ -210,7 +228,7 @@ def summarise(strategy: str, ranks: int, got: dict) -> dict:
             "state": state, "formula": formula, "init_peak": r0["init_peak"],
             "init_bound": init_bound(r0, ranks if strategy == "fsdp" else 1),
             "step_peak": r0["step_peak"], "sent_per_step": r0["sent_per_step"],
-            "allreduce_formula": 2 * (ranks - 1) / ranks * 4 * psi, "saves_by_rank": [r["saves"] for r in got["ranks"]]}
+            "allreduce_formula": volume_formula("ddp", ranks, psi), "saves_by_rank": [r["saves"] for r in got["ranks"]]}
 
 
 def markdown(res: dict) -> str:
@@ -220,12 +238,15 @@ def markdown(res: dict) -> str:
              "| strategy | ranks N | params + grads + AdamW per rank, MiB | formula (DDP 16 Psi, ZeRO-3 16 Psi / N) "
              "| building the model: peak, MiB | its bound (FSDP: (4 Psi + L) / N + L, DDP: 4 Psi + 2L; L: the largest "
              "tensor), MiB "
-             "| step peak above resting, MiB | sent per step, MiB | DDP's all-reduce 2(N-1)/N * 4 Psi, MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| step peak above resting, MiB | sent per step, MiB | formula (DDP's all-reduce 2(N-1)/N * 4 Psi, ZeRO-3's "
+             "3(N-1)/N * 4 Psi), MiB | sent / formula |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in res["rows"]:
+        volume = volume_formula(row["strategy"], row["ranks"], row["psi"])
+        ratio = f"{row['sent_per_step'] / volume:.3f}" if volume else "-"
         lines.append(f"| {row['strategy']} | {row['ranks']} | {row['state'] / mib:.2f} | {row['formula'] / mib:.2f} | "
                      f"{row['init_peak'] / mib:.2f} | {row['init_bound'] / mib:.2f} | {row['step_peak'] / mib:.2f} | {row['sent_per_step'] / mib:.2f} | "
-                     f"{row['allreduce_formula'] / mib:.2f} |")
+                     f"{volume / mib:.2f} | {ratio} |")
     lines += ["", "One checkpoint of each format: the training stall (every rank waits that long before training "
               "goes on), the time until its files are complete, and its bytes:", "",
               "| strategy | ranks | format | stall, ms | complete, ms | written by rank 0 / by each other rank, MiB | "

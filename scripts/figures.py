@@ -23,7 +23,7 @@ from pathlib import Path
 
 from day01_env_and_tensors.report import readme_environment
 from day04_mlp_mnist.report import readme_results
-from day05_dataloader.report import readme_demos
+from day05_dataloader.report import readme_demos, readme_workers
 from day06_ckpt_resume.overfit_lab import gap_ratios, readme_overfit
 from day06_ckpt_resume.prove_resume import readme_optimizer, readme_resume, state_verdict
 from day07_amp_accum.report import by_precision, readme_cpu_bf16, readme_precision, readme_training
@@ -43,10 +43,10 @@ from sprint import fragment_text, markdown_table, read_json, wrap
 
 ROOT = Path(__file__).resolve().parents[1]
 DAYS = {int(p.name[3:5]): p.name for p in sorted(ROOT.glob("day[0-9][0-9]_*")) if p.is_dir()}
-FRAGMENTS = [readme_environment, readme_results, readme_demos, readme_resume, readme_optimizer, readme_overfit,
-             readme_training, readme_precision, readme_cpu_bf16, readme_optim, readme_xor, readme_mnist, readme_bench,
-             readme_seeds, readme_residual, readme_norms, day10_intro, readme_memory, readme_timings, readme_memcalc,
-             day11_intro, readme_compile]
+FRAGMENTS = [readme_environment, readme_results, readme_demos, readme_workers, readme_resume, readme_optimizer,
+             readme_overfit, readme_training, readme_precision, readme_cpu_bf16, readme_optim, readme_xor, readme_mnist,
+             readme_bench, readme_seeds, readme_residual, readme_norms, day10_intro, readme_memory, readme_timings,
+             readme_memcalc, day11_intro, readme_compile]
 BEGIN = re.compile(r"^<!-- (generated|include): (.+?) -->$")
 END = "<!-- end generated -->"
 
@@ -320,9 +320,11 @@ def results_table() -> str:
          f"{joined((s['adamw_at_steps'] for s in muon), '.3f')} (seeds 0 / 1); at equal time "
          f"{joined((s['muon_at_time'] for s in muon), '.3f')} vs {joined((s['adamw_at_time'] for s in muon), '.3f')}"],
         ["the engineering chapter's drills on the GPT", "`python day12_template/drills_lab.py`",
-         f"lr 1e-2: val loss {d12d['high_lr']['val_loss']:.3f} after {d12d['high_lr']['steps_done']} steps (the "
-         f"config's lr: {d12d['high_lr']['config_lr_val_loss']:.3f}); a resume without the optimizer state: up to "
-         f"{d12d['resume']['resumed-model-only']['max_gap']:+.3f} nats over the next 50 steps"],
+         f"lr {d12d['high_lr']['lr']:g}: val loss {d12d['high_lr']['val_loss']:.3f} after "
+         f"{d12d['high_lr']['steps_done']} steps (the config's lr: {d12d['high_lr']['config_lr_val_loss']:.3f}); "
+         f"`run.deterministic`: CPU time of a step {d12d['same_seed']['cost_cpu_ratio']:.2f}× off's; a resume without "
+         f"the optimizer state: up to {d12d['resume']['resumed-model-only']['max_gap']:+.3f} nats over the next 50 "
+         "steps"],
         ["template loop overhead, DDP scaling", "`python day12_template/bench.py`",
          f"overhead against a bare loop {d12b['overhead']['wall']['overhead']:+.1%} (wall), "
          f"{d12b['overhead']['cpu']['overhead']:+.1%} (CPU time); DDP 2 ranks "
