@@ -146,15 +146,21 @@ class OutcomeRecorder:
         return head if head and (self.root / head).is_dir() else None
 
     def test_files(self, config, folder: str) -> set[str]:
-        """The files pytest would collect in `folder` (its python_files, outside its norecursedirs)."""
+        """The files pytest would collect in `folder` (its python_files, outside its norecursedirs and the paths a
+        conftest's collect_ignore names)."""
         patterns, skip = config.getini("python_files"), config.getini("norecursedirs")
         found = set()
         for path in (self.root / folder).rglob("*.py"):
             parts = path.relative_to(self.root).parts
             if not any(fnmatch(d, pattern) for d in parts[1:-1] for pattern in skip) and \
-                    any(fnmatch(path.name, pattern) for pattern in patterns):
+                    any(fnmatch(path.name, pattern) for pattern in patterns) and not self.ignored(config, path):
                 found.add("/".join(parts))
         return found
+
+    def ignored(self, config, path: Path) -> bool:
+        """Whether pytest's collection skips `path` or a folder above it inside the repo (collect_ignore)."""
+        inside = [p for p in (path, *path.parents) if p.is_relative_to(self.root) and p != self.root]
+        return any(config.hook.pytest_ignore_collect(collection_path=p, config=config) for p in inside)
 
     def pytest_sessionstart(self, session):
         self.started, self.first = time.time(), len(RECORDED)

@@ -211,3 +211,16 @@ def test_the_interview_cites_tests_by_node_id():
         """))
     assert cited == {"Q1": ["day07_amp_accum/check.py::test_a[x]", "tests/test_repo.py::test_b"],
                      "Q2": ["day07_amp_accum/check.py::test_a[x]"]}
+
+
+def test_a_folder_whose_subfolder_the_conftest_ignores_is_recorded_when_the_rest_ran(tmp_path):
+    """Day 12's tests/ run inside its copy gate, not in the suite (the root conftest's collect_ignore): the recorder
+    still writes Day 12's record, so `scripts/report.py` reuses it instead of running Day 12 again."""
+    (tmp_path / "day98_example" / "tests").mkdir(parents=True)
+    (tmp_path / "day98_example" / "check.py").write_text("def test_passes():\n    pass\n")
+    (tmp_path / "day98_example" / "tests" / "test_inside.py").write_text("def test_inside():\n    pass\n")
+    (tmp_path / "conftest.py").write_text(CONFTEST + '\ncollect_ignore = ["day98_example/tests"]\n')
+    (tmp_path / "pytest.ini").write_text("[pytest]\npython_files = check.py test_*.py\n")
+    done = run_pytest(tmp_path, "day98_example")
+    assert "1 passed" in done.stdout, done.stdout
+    assert (tmp_path / "gates" / "day98_example.outcomes.json").is_file()
