@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # `sprint` and the days, and `figures`
 
 import figures  # noqa: E402
-from sprint.gates import GATES_DIR  # noqa: E402
+from sprint.gates import GATES_DIR, NOT_COLLECTED  # noqa: E402
 
 FOLDERS = [*figures.DAYS.values(), "errors", "tests"]  # what `pytest` collects (pyproject's testpaths)
 # code and data every folder's tests depend on
@@ -66,9 +66,10 @@ def sources(folder: str) -> list[Path]:
 
 
 def test_files(folder: str) -> list[str]:
-    """The files pytest collects in `folder` (pyproject: check.py, test_*.py)."""
-    return sorted(p.relative_to(ROOT).as_posix() for p in files_under(ROOT / folder)
-                  if p.name == "check.py" or re.fullmatch(r"test_.*\.py", p.name))
+    """The files pytest collects in `folder` (pyproject: check.py, test_*.py; not under NOT_COLLECTED)."""
+    names = (p.relative_to(ROOT).as_posix() for p in files_under(ROOT / folder)
+             if p.name == "check.py" or re.fullmatch(r"test_.*\.py", p.name))
+    return sorted(n for n in names if not any(n.startswith(f"{skip}/") for skip in NOT_COLLECTED))
 
 
 def record_of(folder: str) -> dict | None:

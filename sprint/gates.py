@@ -125,6 +125,11 @@ def run_this_file(check_file: str) -> None:
                           str(REPO_ROOT)]))
 
 
+# Test folders the suite does not collect (the root conftest's collect_ignore): Day 12's tests/ run where a learner
+# runs them, inside the copy of the template that day12_template/check.py's copy gate makes.
+NOT_COLLECTED = ["day12_template/tests"]
+
+
 class OutcomeRecorder:
     """pytest plugin (the root conftest.py registers it): after a session, for each top-level folder whose tests all
     ran (a day, `errors`, `tests`), writes `runs/gates/<folder>.outcomes.json` with every test's outcome and the gates

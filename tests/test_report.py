@@ -224,3 +224,9 @@ def test_a_folder_whose_subfolder_the_conftest_ignores_is_recorded_when_the_rest
     done = run_pytest(tmp_path, "day98_example")
     assert "1 passed" in done.stdout, done.stdout
     assert (tmp_path / "gates" / "day98_example.outcomes.json").is_file()
+
+
+def test_the_reports_test_files_are_those_the_suite_collects():
+    """A folder's record lists the files the suite collected: Day 12's tests/ (collected in its copy) is not one of
+    them, so the report's own list must leave it out too, or Day 12's record never counts as current."""
+    assert report.test_files("day12_template") == ["day12_template/check.py"]
