@@ -320,7 +320,11 @@ class ByteTokenizer:
     def decoder(self) -> Callable[..., str]:
         """A character once all its bytes have come: one split across tokens is held back, not printed as U+FFFD."""
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return lambda ids, final=False: utf8.decode(bytes(ids), final)
+
+        def decode(ids: list[int], final: bool = False) -> str:
+            return utf8.decode(bytes(ids), final)
+
+        return decode
 
 
 class VocabTokenizer:
@@ -354,7 +358,11 @@ class VocabTokenizer:
 
     def decoder(self) -> Callable[..., str]:
         """Every token is whole characters: nothing is held back."""
-        return lambda ids, final=False: self.decode(ids)
+
+        def decode(ids: list[int], final: bool = False) -> str:
+            return self.decode(ids)
+
+        return decode
 
 
 def tokenizer(dataset: str, root: str) -> Tokenizer:

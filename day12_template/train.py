@@ -336,10 +336,11 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     # epoch of images, train.eval_every steps of text).
     speed.start(progress.step)
     signals = 0  # ranks that saw a stop signal, summed at the last step
+    period_name = "period" if tc.steps else "epoch"  # text evaluates every train.eval_every steps, images per epoch
     while sampler.epoch < periods and progress.step < last_step and not early_stopped():
         period = sampler.epoch
         batches = iter(train_loader)
-        log.epoch_bar(f"{'period' if tc.steps else 'epoch'} {period + 1}/{periods}", sampler.steps_per_epoch,
+        log.epoch_bar(f"{period_name} {period + 1}/{periods}", sampler.steps_per_epoch,
                       sampler.steps_per_epoch - sampler.steps_left())
         for _ in range(sampler.steps_left()):
             micro_batches = [next(batches) for _ in range(accum)]
