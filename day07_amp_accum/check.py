@@ -207,9 +207,11 @@ def test_a_precision_whose_matmul_is_slower_here_makes_the_step_slower(table):
     fp32 = table["off"]
     slow = [amp for amp in ("fp16", "bf16") if fp32.matmul_gflops >= 4 * table[amp].matmul_gflops]
     print("autocast dtypes with a matmul >= 4x slower than fp32's here:", slow)
+    if not slow:
+        pytest.skip("no autocast dtype's matmul runs >= 4x slower than fp32's on this machine: nothing to compare")
     gates.check("step time / fp32's (the fastest step, CPU time) of each autocast dtype whose matmul (256^3) runs >= "
-                "4x slower than fp32's here: the lowest (inf where none does)",
-                min((table[amp].step_cpu_ms / fp32.step_cpu_ms for amp in slow), default=math.inf), ">", 1.0)
+                "4x slower than fp32's here: the lowest",
+                min(table[amp].step_cpu_ms / fp32.step_cpu_ms for amp in slow), ">", 1.0)
 
 
 def test_main_writes_the_table_plot_and_a_trained_run(tmp_path):

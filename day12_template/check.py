@@ -1001,8 +1001,8 @@ def test_two_runs_of_one_seed_are_bitwise_equal_in_deterministic_mode_and_its_co
                 [on["records"], on["records_differing"], on["weights_differing"]], "==", [steps + 2, 0, 0])
     gates.check("torch's deterministic algorithms after each run (run.deterministic = false, false, true, true)",
                 [*off["algorithms_deterministic"], *on["algorithms_deterministic"]], "==", [False, False, True, True])
-    gates.check("deterministic mode's cost: CPU time of a step on / off, the fastest in 2 runs each (a figure the lab "
-                "reports; gated only as measured)", seed["cost_cpu_ratio"], ">", 0)
+    # The cost is a figure the lab reports (drills.json), not a gate: on a model this small it swings with the machine
+    print(f"deterministic mode's cost: CPU time of a step on / off, fastest of 2 runs each: {seed['cost_cpu_ratio']}")
     assert math.isfinite(seed["cost_cpu_ratio"]), seed
 
 
