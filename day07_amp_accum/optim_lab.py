@@ -216,10 +216,18 @@ def decay_run(cfg: LabConfig, data, *, optimizer: str, weight_decay: float, seed
     return model, opt, lrs
 
 
+def decay_run_count(cfg: LabConfig) -> int:
+    """The trainings part 5 makes with its default ablation: no decay; AdamW and Adam + L2, each plain and with the
+    loss scaled; decay on the group and on every parameter at λ and 10λ on each seed, less the group at λ on the
+    first seed, which is the plain AdamW run."""
+    return 1 + 2 * 2 + 2 * 2 * len(cfg.seeds) - 1
+
+
 @torch.no_grad()
-def decay_lab(cfg: LabConfig, data, ablation_decays=None, ablation_seeds=None) -> DecayFacts:
+def decay_lab(cfg: LabConfig, data, ablation_decays=None, ablation_seeds=None, on_run=None) -> DecayFacts:
     """Part 5: AdamW against Adam + L2 at the same λ (and with the loss scaled), then the no-decay group against decay
-    on every parameter at λ and 10λ (`ablation_decays`), on each seed (`ablation_seeds`)."""
+    on every parameter at λ and 10λ (`ablation_decays`), on each seed (`ablation_seeds`). `on_run()` is called after
+    each training."""
     (_, _), (x_val, y_val) = data
     lam, scale, seed = cfg.weight_decay, cfg.loss_scale, cfg.seeds[0]
     models = {}
@@ -230,6 +238,8 @@ def decay_lab(cfg: LabConfig, data, ablation_decays=None, ablation_seeds=None) -
             with torch.enable_grad():
                 models[key] = decay_run(cfg, data, optimizer=optimizer, weight_decay=weight_decay, seed=seed,
                                         loss_scale=loss_scale, decay_all=decay_all)
+            if on_run:
+                on_run()
         return models[key]
 
     def figures(model) -> DecayRun:
@@ -262,7 +272,7 @@ def run_lab(cfg: LabConfig) -> Lab:
     device = pick_device(cfg.device)
     (x, y), (x_val, y_val) = mnist_split(5000, train_subset=cfg.subset)
     data = ((x.to(device), y.to(device)), (x_val.to(device), y_val.to(device)))
-    n_runs = 2 * len(cfg.seeds) + 4 + 4 * len(cfg.seeds) + 1
+    n_runs = 2 * len(cfg.seeds) + 4 + 4 * len(cfg.seeds) + decay_run_count(cfg)
     bar = progress(total=n_runs, unit="run")
 
     def train(**kwargs) -> Run:
@@ -281,8 +291,7 @@ def run_lab(cfg: LabConfig) -> Lab:
     for name, factor in (("same LR", 1), ("LR x2 (square root)", 2), ("LR x4 (linear)", 4)):
         scaling[f"batch {big}, {name}"] = [train(lr=cfg.base_lr * factor, batch=big, warmup=steps // 80, seed=s)
                                            for s in cfg.seeds]
-    decay = decay_lab(cfg, data)
-    bar.update()
+    decay = decay_lab(cfg, data, on_run=bar.update)
     bar.close()
     base = next(iter(scaling.values()))
     closest = [min(list(scaling)[1:], key=lambda k: abs(scaling[k][i].val_loss - base[i].val_loss))

@@ -41,7 +41,7 @@ from sprint import runs_dir, write_fragment
 from sprint.cli import arg, parse, progress, run, unwritable, validate
 from sprint.data import MEAN, STD, mnist
 from sprint.device import pick_device
-from sprint.measure import quiet_profiler
+from sprint.measure import one_thread, quiet_profiler
 
 LABELS = ("data", "forward", "backward", "optimizer")  # the record_function ranges every step is split into
 PROFILE_SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # skip step 1 (start-up), warm up on 2, record 3-5
@@ -164,12 +164,8 @@ def cpu_ms_in_one_thread(stages: list[Stage], train_idx, device: torch.device, n
     second process on the same cores leaves alone. The gates comparing two stages read it, not the wall clock (a
     descheduled thread holds its partner at the barrier) nor a two-thread step's CPU time (which counts the second
     thread's share of big ops only, and its spinning)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return [t["data_cpu_ms"] + t["step_cpu_ms"] for t in time_phases(stages, train_idx, device, n_batches, seed)]
-    finally:
-        torch.set_num_threads(threads)
 
 
 class Timings:

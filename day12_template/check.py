@@ -65,8 +65,9 @@ import zero_lab  # noqa: E402
 from troubleshoot import checks  # noqa: E402
 from faults import Faults  # noqa: E402
 from helpers import (FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, every_record, full,  # noqa: E402
-                     launch, one_thread, reached, sets, sha, tiny_lm, train_records)
+                     launch, reached, sets, sha, tiny_lm, train_records)
 from sprint.gates import Gates, run_this_file  # noqa: E402
+from sprint.measure import one_thread  # noqa: E402
 
 gates = Gates(__file__)
 for _m in (checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, runlog, train,

@@ -47,14 +47,6 @@ def losses(run_dir: Path, kind: str = "train", key: str = "loss") -> dict[int, f
     return {r["step"]: r[key] for r in runlog.read_metrics(run_dir) if r["kind"] == kind}
 
 
-TIMING = {"samples_per_s", "tokens_per_s", "mfu", "elapsed_s", "cpu_s"}  # the fields two equal runs may differ in
-
-
-def records(run_dir: Path) -> list[dict]:
-    """Every record of metrics.jsonl (train, val, test) without its timing fields."""
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in runlog.read_metrics(run_dir)]
-
-
 def step_cpu_s(run_dir: Path) -> list[float]:
     """CPU seconds of the training process in each step after the first (its warm-up), from the per-step records."""
     cpu = losses(run_dir, key="cpu_s")
@@ -90,7 +82,7 @@ def same_seed(out: Path, run=launch, steps: int = SEED_STEPS) -> dict:
         dirs = [out / f"det{deterministic}-{k}" for k in (0, 1)]
         a, b = (losses(d) for d in dirs)
         states = [checkpoint.load(d / "last.pt")["model"] for d in dirs]
-        ra, rb = (records(d) for d in dirs)
+        ra, rb = (runlog.reproducible_records(d) for d in dirs)
         result[f"deterministic={deterministic}"] = {
             "losses_differing": sum(a[s] != b[s] for s in a),
             "records_differing": sum(x != y for x, y in zip(ra, rb)) + abs(len(ra) - len(rb)), "records": len(ra),

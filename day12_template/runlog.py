@@ -99,6 +99,15 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return records
 
 
+TIMING = ("samples_per_s", "tokens_per_s", "mfu", "elapsed_s", "cpu_s")  # Speed's fields: the clock's, not the run's
+
+
+def reproducible_records(run_dir: Path) -> list[dict]:
+    """Every record of metrics.jsonl without its timing fields: what two runs of one seed and config write alike, and
+    a resumed run like an uninterrupted one."""
+    return [{k: v for k, v in record.items() if k not in TIMING} for record in read_metrics(run_dir)]
+
+
 def scalars(kind: str, values: dict) -> dict:
     """A record's numbers under the trackers' names, `train/loss`; its epoch and step are the axis, not curves."""
     return {f"{kind}/{name}": value for name, value in values.items()

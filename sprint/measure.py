@@ -6,6 +6,7 @@ call. Timings are machine-specific, so figures that gates compare are ratios mea
 in the suite asserts uses `min_cpu_seconds` (this process's CPU time, the fastest call), which another process on
 the machine disturbs far less than wall time.
 """
+import contextlib
 import os
 import statistics
 import time
@@ -81,6 +82,21 @@ def min_cpu_seconds(fn, repeat: int = 10, warmup: int = 1) -> float:
         fn()
         times.append(time.process_time() - c0)
     return min(times)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """This process computes in one thread while the context is open (and the children it starts then, where they are
+    given its thread count): runs that share the cores each get one instead of oversubscribing them (a thread pool
+    whose threads wait for a core spins, and its step waits for its slowest thread), and a CPU-time figure counts the
+    work alone. Day 12's template tests keep a copy of their own (tests/helpers.py): the template imports nothing
+    from the repo."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def count_params(model: nn.Module, trainable_only: bool = True) -> int:

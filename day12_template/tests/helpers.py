@@ -47,13 +47,10 @@ def train_records(run_dir: Path) -> dict:
     return {r["step"]: r for r in runlog.read_metrics(run_dir) if r["kind"] == "train"}
 
 
-TIMING = {"samples_per_s", "tokens_per_s", "mfu", "elapsed_s", "cpu_s"}  # the only fields a resume may change
-
-
 def every_record(run_dir: Path) -> list[dict]:
     """Every train, val and test record, timing fields left out, each float as float.hex."""
-    return [{k: v.hex() if isinstance(v, float) else v for k, v in r.items() if k not in TIMING}
-            for r in runlog.read_metrics(run_dir)]
+    return [{k: v.hex() if isinstance(v, float) else v for k, v in r.items()}
+            for r in runlog.reproducible_records(run_dir)]
 
 
 def diff_states(a, b, path="") -> list[str]:
