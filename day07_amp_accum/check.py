@@ -6,11 +6,16 @@ unscale_ is measured, and the LR rule that holds for a 4x batch is measured.
 Run:  python day07_amp_accum/check.py   (or `pytest day07_amp_accum`)
 """
 import dataclasses
+import json
 import math
+import os
+import platform
+import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # repo root: `sprint` and the day folders
 
 import pytest
 import torch
@@ -192,12 +197,6 @@ def test_autocast_does_not_shrink_parameters_gradients_or_optimizer_state(table)
     gates.check("params + grads + AdamW bytes, bf16 / fp32", ratio, "==", 1.0)
 
 
-def test_every_precisions_step_time_is_measured(table):
-    gates.check("step time of fp32, fp16 and bf16 autocast (the wall median, the fastest step in CPU time): both "
-                "finite and > 0", [all(math.isfinite(t) and t > 0 for t in (r.step_ms, r.step_cpu_ms))
-                                   for r in table.values()], "==", [True, True, True])
-
-
 def test_a_precision_whose_matmul_is_slower_here_makes_the_step_slower(table):
     """The speed claim that holds on every CPU, keyed on a property measured here. Native bf16 (AMX, AVX512-BF16)
     makes a bf16 matmul faster than fp32's, and a small step may still be slower in bf16 (autocast casts every weight
@@ -212,6 +211,39 @@ def test_a_precision_whose_matmul_is_slower_here_makes_the_step_slower(table):
     gates.check("step time / fp32's (the fastest step, CPU time) of each autocast dtype whose matmul (256^3) runs >= "
                 "4x slower than fp32's here: the lowest",
                 min(table[amp].step_cpu_ms / fp32.step_cpu_ms for amp in slow), ">", 1.0)
+
+
+# The README's second table: oneDNN and ATen told to ignore the ISAs newer than AVX2 (no AMX, AVX512-BF16 or
+# AVX512-FP16), the CPU most laptops are; at the table's shape (batch 128, hidden 256), measured in its own process.
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+CAPPED_TABLE = """
+import dataclasses, json, sys
+from day07_amp_accum import main as day
+cfg = day.AmpConfig(train_subset=256, batch_size=128, hidden=256, accum=1, threads=1, device="cpu")
+json.dump({r.amp: dataclasses.asdict(r) for r in day.precision_table(cfg, steps=4)}, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def capped_table() -> dict:
+    done = subprocess.run([sys.executable, "-c", CAPPED_TABLE], env={**os.environ, **AVX2_ONLY}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_without_native_low_precision_every_autocast_step_is_slower_than_fp32s(capped_table):
+    """The ordering the README's second table states, measured on whatever x86 CPU runs the gates: without native
+    bf16/fp16 the autocast matmuls fall back to slow paths and a step of either dtype costs more than fp32's (casts
+    included). An ARM CPU ignores the cap: there the matmuls are not slower, and the gate says so and skips."""
+    fp32 = capped_table["off"]
+    slow = [amp for amp in ("fp16", "bf16") if fp32["matmul_gflops"] >= 4 * capped_table[amp]["matmul_gflops"]]
+    if slow != ["fp16", "bf16"]:
+        pytest.skip(f"capped at AVX2 on this {platform.machine()} CPU, the 256^3 matmul runs >= 4x slower than fp32's "
+                    f"only in {slow}: the cap does not apply here")
+    gates.check("capped at AVX2 (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), batch 128, hidden 256: step time / fp32's "
+                "(the fastest step, CPU time) of fp16 and bf16 autocast, the lower",
+                min(capped_table[amp]["step_cpu_ms"] / fp32["step_cpu_ms"] for amp in slow), ">", 1.0)
 
 
 def test_main_writes_the_table_plot_and_a_trained_run(tmp_path):
