@@ -991,8 +991,12 @@ def test_ten_times_the_lr_trains_the_tiny_gpt_worse_and_never_reaches_the_nan_st
                 drill["val_loss"] / drill["config_lr_val_loss"], ">", 1.0)
 
 
-def test_two_runs_of_one_seed_are_bitwise_equal_in_deterministic_mode_and_its_cost_is_measured(tmp_path):
-    """drills_lab's drill 2, its own code on the tiny GPT (dropout on: the masks come from the seed too)."""
+def test_two_runs_of_one_seed_are_bitwise_equal_in_deterministic_mode_and_on_a_cpu_without_it(tmp_path):
+    """drills_lab's drill 2, its own code on the tiny GPT (dropout on: the masks come from the seed too). The
+    curriculum's claim: one seed with deterministic algorithms gives bitwise-equal runs. Without them, what this
+    device does, as measured: torch's CPU kernels sum in a fixed order for a fixed thread count, so off mode is bitwise
+    too and equals on mode (drills.json shows it on shakespeare_cpu.toml); on a GPU, atomics and cuBLAS/cuDNN's
+    algorithm choice may make off mode differ, so there it is reported, not asserted."""
     steps = 16
     seed = drills_lab.same_seed(tmp_path, functools.partial(drills_lab.launch, config_file=None, base=sets(TINY_LM)),
                                 steps)
@@ -1002,9 +1006,14 @@ def test_two_runs_of_one_seed_are_bitwise_equal_in_deterministic_mode_and_its_co
                 [on["records"], on["records_differing"], on["weights_differing"]], "==", [steps + 2, 0, 0])
     gates.check("torch's deterministic algorithms after each run (run.deterministic = false, false, true, true)",
                 [*off["algorithms_deterministic"], *on["algorithms_deterministic"]], "==", [False, False, True, True])
-    # The cost is a figure the lab reports (drills.json), not a gate: on a model this small it swings with the machine
-    print(f"deterministic mode's cost: CPU time of a step on / off, fastest of 2 runs each: {seed['cost_cpu_ratio']}")
-    assert math.isfinite(seed["cost_cpu_ratio"]), seed
+    off_mode = [off["records_differing"], off["weights_differing"], seed["between_modes_losses_differing"]]
+    print(f"on {seed['device']}, deterministic = false: records and weight tensors that differ between its two runs, "
+          f"losses that differ from deterministic = true: {off_mode}; CPU time of a step on / off (fastest of 2 runs "
+          f"each, a figure drills.json reports, not a gate): {seed['cost_cpu_ratio']:.3f}")
+    if seed["device"] == "cpu":
+        gates.check(f"on the CPU, run.deterministic = false, {steps} steps: records and final weight tensors that "
+                    "differ between its two runs, losses that differ from run.deterministic = true", off_mode, "==",
+                    [0, 0, 0])
 
 
 def test_resuming_without_the_optimizer_state_changes_the_run_after_its_first_step(tmp_path):
@@ -1510,19 +1519,17 @@ def test_fsdp_holds_a_1_over_n_share_of_ddps_parameters_gradients_and_adamw_stat
 
 
 def test_the_bytes_each_rank_sends_per_step_are_the_ring_formulas_for_ddp_and_zero_3(dist_runs):
-    """zero_lab's count of what DDP and FSDP2 hand their collectives in one steady step of the GPT (AL and FL, 2 gloo
-    ranks), against the six-week plan's volumes: DDP 2(N-1)/N * 4 Psi, ZeRO-3 3(N-1)/N * 4 Psi."""
-    sent = {(k, r): json.loads((dist_runs["audit"] / f"sent-{k}-rank{r}.json").read_text())
-            for k in ("AL", "FL") for r in (0, 1)}
-    psi, root = sent["AL", 0]["psi"], sent["FL", 0]["root_psi"]
-    for k, strategy in (("AL", "ddp"), ("FL", "fsdp")):
-        gates.check(f"GPT ({psi:,} parameters), 2 ranks, {strategy}: bytes each rank sends per step / "
-                    f"{2 if strategy == 'ddp' else 3}(N-1)/N * 4 Psi - 1, worst of 2 ranks",
-                    max(abs(sent[k, r]["sent"] / zero_lab.volume_formula(strategy, 2, psi) - 1) for r in (0, 1)),
-                    "<=", 0.10)
-    gates.check(f"... fsdp: bytes sent / (N-1)/N * 4 (3 Psi - Psi_root) - 1 (the root module's {root:,} parameters "
-                "are gathered once: FSDP2 keeps them from forward to backward), worst of 2 ranks",
-                max(abs(sent["FL", r]["sent"] / (0.5 * 4 * (3 * psi - root)) - 1) for r in (0, 1)), "<=", 1e-3)
+    """zero_lab's count of what DDP and FSDP2 hand their collectives in one steady step of the GPT (AL and FL, on
+    gloo ranks), against the six-week plan's volumes at the run's world size N: DDP 2(N-1)/N * 4 Psi; ZeRO-3
+    3(N-1)/N * 4 Psi, less the root module's parameters, which FSDP2 gathers once (zero_lab.volume_formula)."""
+    for run, strategy in (("AL", "ddp"), ("FL", "fsdp")):
+        sent = [json.loads(path.read_text()) for path in sorted(dist_runs["audit"].glob(f"sent-{run}-rank*.json"))]
+        world, psi, root = sent[0]["world"], sent[0]["psi"], sent[0]["root_psi"]
+        formula = zero_lab.volume_formula(strategy, world, psi, root)
+        gates.check(f"GPT ({psi:,} parameters, root module {root:,}), {strategy}: ranks that wrote their count, of N",
+                    len(sent), "==", world)
+        gates.check(f"... {strategy}, N = {world}: bytes each rank sends per step / zero_lab.volume_formula - 1, "
+                    "worst rank", max(abs(s["sent"] / formula - 1) for s in sent), "<=", 1e-3)
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -2337,7 +2344,7 @@ class SentProbe(train.Hook):
         elif progress.step == 3:
             self.sent.close()
             Path(f"{self.path}-rank{os.environ['RANK']}.json").write_text(json.dumps(
-                {"sent": self.sent.total, "psi": self.psi, "root_psi": self.root_psi}))
+                {"sent": self.sent.total, "world": self.sent.world, "psi": self.psi, "root_psi": self.root_psi}))
 
 
 class InitProbe(train.Hook):

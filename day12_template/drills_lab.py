@@ -69,9 +69,9 @@ def high_lr(out: Path, reference: Path, run=launch) -> dict:
 
 def same_seed(out: Path, run=launch, steps: int = SEED_STEPS) -> dict:
     """Drill 2: two runs of one seed in each mode, the modes taking turns (off, on, off, on: a change in the machine's
-    load hits both): records and final state entries that differ, whether torch's deterministic algorithms were on
-    (the flag train.run leaves set), and the CPU time of a step (the fastest of both runs' steps after the first:
-    the least disturbed by other processes)."""
+    load hits both): the device they ran on, records and final state entries that differ, whether torch's
+    deterministic algorithms were on (the flag train.run leaves set), and the CPU time of a step (the fastest of both
+    runs' steps after the first: the least disturbed by other processes)."""
     result, switched = {}, {}
     for k in (0, 1):
         for deterministic in (False, True):
@@ -89,6 +89,7 @@ def same_seed(out: Path, run=launch, steps: int = SEED_STEPS) -> dict:
             "weights_differing": sum(not torch.equal(states[0][k], states[1][k]) for k in states[0]),
             "algorithms_deterministic": switched[deterministic], "last_loss": a[steps],
             "step_cpu_s": min(t for d in dirs for t in step_cpu_s(d))}
+    result["device"] = runlog.previous_launches(out / "detFalse-0" / "run.json")[-1]["device"]
     modes = [losses(out / f"det{d}-0") for d in (False, True)]
     result["between_modes_losses_differing"] = sum(modes[0][s] != modes[1][s] for s in modes[0])
     result["cost_cpu_ratio"] = result["deterministic=True"]["step_cpu_s"] / result["deterministic=False"]["step_cpu_s"]

@@ -100,11 +100,14 @@ class SentBytes:
         return call
 
 
-def volume_formula(strategy: str, ranks: int, psi: int) -> float:
+def volume_formula(strategy: str, ranks: int, psi: int, root_psi: int = 0) -> float:
     """Bytes each rank sends per optimizer step for fp32 gradients (and, sharded, fp32 weights) of psi parameters:
     DDP's ring all-reduce 2(N-1)/N * 4 Psi; ZeRO-3 (FSDP2) all-gathers the weights in forward and in backward and
-    reduce-scatters the gradients, 3(N-1)/N * 4 Psi."""
-    return (2 if strategy == "ddp" else 3) * (ranks - 1) / ranks * 4 * psi
+    reduce-scatters the gradients, 3(N-1)/N * 4 Psi. With `root_psi`, the parameters of FSDP2's root module (kept
+    gathered from forward to backward, so gathered once): (N-1)/N * 4 (3 Psi - Psi_root); DDP ignores it."""
+    if strategy == "ddp":
+        return 2 * (ranks - 1) / ranks * 4 * psi
+    return (ranks - 1) / ranks * 4 * (3 * psi - root_psi)
 
 
 # -- one rank's measurement ---------------------------------------------------------------------------------------
