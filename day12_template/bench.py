@@ -65,7 +65,7 @@ def bare(cfg_path: Path) -> tuple[float, float]:
     by the template's sampler."""
     cfg = config.load(str(cfg_path), BASE)
     tc = cfg.train
-    train.seed_everything(cfg.run.seed, cfg.run.deterministic, False)
+    train.seed_everything(cfg.run.seed, cfg.run.deterministic)
     splits = data.build(cfg.data, cfg.run.seed)
     task = tasks.for_data(splits.info)
     model = models.build(cfg.model, splits.info, cfg.run.seed)

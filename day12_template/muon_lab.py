@@ -22,21 +22,19 @@ not flatter either side. Training time counts the steps only (evaluations left o
 
 torch's Muon runs its Newton-Schulz iterations in bf16, which GPUs and CPUs with native bf16 (AMX, AVX512-BF16)
 multiply faster than fp32; an AVX2-only CPU multiplies bf16 some 25x slower than fp32, and a Muon step of this GPT
-took seconds there. So where a bf16 matmul is measured slower than an fp32 one, the lab runs the same iteration in
-fp32 (`newton_schulz_dtype`; the results say which).
+took seconds there. So where runlog's matmul throughput (the figure MFU divides by) is lower in bf16 than in fp32,
+the lab runs `Fp32Muon`, the same update with the iteration in fp32 (`newton_schulz_dtype`; the results say which).
 """
 import argparse
-import contextlib
 import dataclasses
 import functools
+import math
 import statistics
 import time
-import timeit
 from operator import itemgetter
 from pathlib import Path
 
 import torch
-import torch.optim._muon
 
 import config
 import data
@@ -70,26 +68,29 @@ def optimizers(model, cfg: config.Config, name: str, lr: float, adamw_lr: float)
                               lr=adamw_lr, betas=cfg.optim.betas)
     # adjust_lr_fn "original": a rectangular matrix's step scaled by sqrt(max(1, fan_out / fan_in)), Keller Jordan's
     decay = cfg.optim.weight_decay * adamw_lr / lr  # lr * decay per step, as AdamW's
-    muon = torch.optim.Muon(matrices, lr=lr, weight_decay=decay, adjust_lr_fn="original")
+    muon = muon_class()(matrices, lr=lr, weight_decay=decay, adjust_lr_fn="original")
     return [muon, adamw]
 
 
 @functools.cache
 def newton_schulz_dtype() -> torch.dtype:
-    """bf16 (torch's choice) where a bf16 matmul runs faster than an fp32 one on this CPU, else fp32."""
-    a = torch.randn(256, 256)
-    seconds = {}
-    for dtype in (torch.bfloat16, torch.float32):
-        x = a.to(dtype)
-        seconds[dtype] = min(timeit.repeat(lambda: x @ x, number=3, repeat=5))
-    return min(seconds, key=seconds.get)
+    """bf16 (torch's choice) where this CPU multiplies bf16 matrices faster than fp32 ones (runlog.peak_flops, ~1 s
+    for both), else fp32."""
+    cpu = torch.device("cpu")
+    bf16, fp32 = (runlog.peak_flops(cpu, dtype)[0] for dtype in (torch.bfloat16, torch.float32))
+    return torch.bfloat16 if bf16 > fp32 else torch.float32
 
 
-def orthogonalise_fp32(grad: torch.Tensor, ns_coefficients: tuple, ns_steps: int, eps: float) -> torch.Tensor:
-    """torch.optim._muon's quintic Newton-Schulz iteration, computed in fp32 instead of bf16."""
+def muon_class() -> type[torch.optim.Muon]:
+    return torch.optim.Muon if newton_schulz_dtype() == torch.bfloat16 else Fp32Muon
+
+
+def orthogonalise_fp32(update: torch.Tensor, ns_coefficients: tuple, ns_steps: int, eps: float) -> torch.Tensor:
+    """Muon's quintic Newton-Schulz iteration (torch's coefficients and steps), computed in fp32 instead of bf16: it
+    pushes every singular value of the update towards 1."""
     a, b, c = ns_coefficients
-    tall = grad.size(0) > grad.size(1)
-    x = grad.float().T if tall else grad.float()
+    tall = update.size(0) > update.size(1)
+    x = update.float().T if tall else update.float()
     x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
     for _ in range(ns_steps):
         gram = x @ x.T
@@ -97,18 +98,34 @@ def orthogonalise_fp32(grad: torch.Tensor, ns_coefficients: tuple, ns_steps: int
     return x.T if tall else x
 
 
-@contextlib.contextmanager
-def muon_at_this_cpus_speed():
-    """Muon's orthogonalisation in the faster dtype (newton_schulz_dtype) while the block runs."""
-    if newton_schulz_dtype() == torch.bfloat16:
-        yield
-        return
-    original = torch.optim._muon._zeropower_via_newtonschulz
-    torch.optim._muon._zeropower_via_newtonschulz = orthogonalise_fp32
-    try:
-        yield
-    finally:
-        torch.optim._muon._zeropower_via_newtonschulz = original
+class Fp32Muon(torch.optim.Muon):
+    """torch.optim.Muon's update with the Newton-Schulz iteration in fp32: its settings, checks and state
+    (`momentum_buffer`), and its step as torch documents it (momentum, Nesterov, orthogonalise, decoupled weight decay,
+    the lr scaled as adjust_lr_fn "original")."""
+
+    def __init__(self, params, **settings):
+        if settings.get("adjust_lr_fn") not in (None, "original"):
+            raise ValueError("Fp32Muon scales the lr as adjust_lr_fn='original' only")
+        super().__init__(params, **settings)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            momentum = group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = orthogonalise_fp32(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
+        return loss
 
 
 def spread(split, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,19 +151,18 @@ def run(cfg: config.Config, splits, name: str, lr: float, adamw_lr: float, seed:
     order = torch.Generator().manual_seed(seed)  # the data order: windows drawn at random, as the template does
     windows = spread(splits.val, VAL_WINDOWS)
     curve, seconds = [], 0.0
-    with muon_at_this_cpus_speed():
-        for step in range(1, steps + 1):
-            start = time.perf_counter()
-            x, y = splits.train.batch(0, torch.randint(len(splits.train), (cfg.train.batch_size,), generator=order))
-            task.loss(model(x), y).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-            for opt, schedule in zip(opts, schedules):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                schedule.step()
-            seconds += time.perf_counter() - start
-            if step % EVAL_EVERY == 0 or step == steps:
-                curve.append({"step": step, "seconds": seconds, "val_loss": mean_loss(model, task, windows)})
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        x, y = splits.train.batch(0, torch.randint(len(splits.train), (cfg.train.batch_size,), generator=order))
+        task.loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        for opt, schedule in zip(opts, schedules):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            schedule.step()
+        seconds += time.perf_counter() - start
+        if step % EVAL_EVERY == 0 or step == steps:
+            curve.append({"step": step, "seconds": seconds, "val_loss": mean_loss(model, task, windows)})
     return {"optimizer": name, "lr": lr, "adamw_lr": adamw_lr, "seed": seed, "steps": steps, "curve": curve,
             "val_loss": curve[-1]["val_loss"], "seconds": seconds, "ms_per_step": 1000 * seconds / steps,
             "model": model}
@@ -242,7 +258,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, default=HERE / "runs" / "muon_lab")
     args = parser.parse_args(argv)
     cfg = config.load(str(CONFIG), [])
-    train.seed_everything(cfg.run.seed, deterministic=False, compiling=False)
+    train.seed_everything(cfg.run.seed, deterministic=False)
     splits = data.build(cfg.data, cfg.run.seed)
     res = {"config": CONFIG.name, "params": models.count_params(models.build(cfg.model, splits.info, device="meta")),
            "batch": cfg.train.batch_size, "machine": runlog.cpu_name(), "torch": torch.__version__,

@@ -42,15 +42,15 @@ from signals import StopSignal, Stopped, stopped
 from troubleshoot import NonFinite, nonfinite_error
 
 
-def seed_everything(seed: int, deterministic: bool, compiling: bool) -> None:
+def seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # CPU and every CUDA device
     torch.backends.cudnn.benchmark = not deterministic  # the autotuner may pick another algorithm each run
-    if compiling:  # warn_only: warn, don't fail, where an op has no deterministic kernel
-        torch.use_deterministic_algorithms(deterministic, warn_only=True)  # also sets the compiler's flag
-    else:  # the same kernel switch without importing the compiler just to set its flag (seconds of start-up)
-        torch._C._set_deterministic_algorithms(deterministic, warn_only=True)
+    # warn_only: warn, don't fail, where an op has no deterministic kernel. The switch imports the compiler's config,
+    # a start-up cost paid once per process, and only when the setting changes.
+    if torch.are_deterministic_algorithms_enabled() != deterministic:
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
 def build_model(cfg: config.Config, info, d: distributed.Dist) -> torch.nn.Module:
@@ -203,7 +203,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     run_dir, device, tc = Path(cfg.run.out_dir), d.device, cfg.train
     on_rank0(d, runlock.check, run_dir)  # a live run in that folder: refused first, before any work
     resume, ckpt = checkpoint.resume_source(cfg)
-    seed_everything(cfg.run.seed, cfg.run.deterministic, cfg.model.compile)
+    seed_everything(cfg.run.seed, cfg.run.deterministic)
     splits = data.build(cfg.data, cfg.run.seed)
     for hook in hooks:
         splits = hook.data(splits)
