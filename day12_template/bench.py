@@ -106,7 +106,7 @@ def gpt_figures(cfg_path: Path, run_dir: Path) -> dict:
     """tokens/s and MFU of the template's GPT (a timed round's run folder), and sample.py's speed with and without
     the KV cache on that run's weights."""
     rec = {r["step"]: r for r in runlog.read_metrics(run_dir) if r["kind"] == "train"}
-    model, cfg = sample.load_model(run_dir / "last.pt")
+    model, cfg, _ = sample.load_model(run_dir / "last.pt")
     tokenizer = text.tokenizer(cfg.data.dataset, cfg.data.root)
     speed = {}
     for name, use_cache in (("kv_cache", True), ("no_cache", False)):

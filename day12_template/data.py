@@ -71,6 +71,7 @@ class TextInfo:
     vocab_size: int
     block_size: int  # tokens per window
     bytes_per_token: torch.Tensor | None = None  # (vocab_size,) UTF-8 bytes of each token id: bits per byte
+    vocab: str | None = None  # the vocabulary's fingerprint (text.vocab_fingerprint): sample.py refuses another one
     task = "lm"
 
 
@@ -293,7 +294,13 @@ def text_splits(read: Callable, cfg) -> Splits:
         s = read(cfg.root, cfg.block_size, cfg.eval_windows, cfg.subset)
     except text.TextDataError as exc:
         raise DataError(str(exc)) from None
-    return Splits(s.train, s.val, s.test, TextInfo(s.vocab_size, s.block_size, s.bytes_per_token))
+    return Splits(s.train, s.val, s.test, TextInfo(s.vocab_size, s.block_size, s.bytes_per_token, s.vocab))
+
+
+def kept_vocabulary(cfg) -> str | None:
+    """What a run folder keeps to decode its samples without the data (sample.py): a tokens folder's vocabulary, as
+    the text of a meta.json (text.vocabulary_json); None for other datasets (bytes need none, images no decoding)."""
+    return text.vocabulary_json(cfg.root) if cfg.dataset == "tokens" else None
 
 
 @register("shakespeare", task="lm")

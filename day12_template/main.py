@@ -101,7 +101,7 @@ def headline(row: dict, split: str) -> str:
 
 def write_sample(runs: Path, name: str = "shakespeare_cpu", tokens: int = 300) -> str:
     """What the GPT writes after `ROMEO:` (sample.py's defaults: temperature 0.8, top-k 50, seed 0)."""
-    model, cfg = sample.load_model(runs / name / "best.pt")
+    model, cfg, _ = sample.load_model(runs / name / "best.pt")
     tokenizer = text.tokenizer(cfg.data.dataset, cfg.data.root)
     written, seconds = sample.generate(model, tokenizer, "ROMEO:", tokens, 0.8, 50, 0)
     return (f"`python sample.py --run runs/{name} --prompt \"ROMEO:\" --tokens {tokens}` ({tokens / seconds:,.0f} "

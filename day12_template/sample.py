@@ -3,7 +3,7 @@
     python sample.py --run runs/shakespeare_cpu --prompt "ROMEO:" --tokens 500 --temperature 0.8 --top-k 50
     python sample.py --run runs/shakespeare_cpu --temperature 0          # greedy: the most likely token each time
     python sample.py --run runs/shakespeare_cpu --no-cache               # recompute every position (slower, same text)
-    python sample.py --run runs/my_tokens_run --data-root DIR           # a tokens run whose data folder moved
+    python sample.py --run runs/my_tokens_run --data-root DIR           # decode with DIR's meta file instead
 
 The weights load with weights_only=True (no code runs from the file), from any strategy's checkpoint (DDP, FSDP:
 plain state dicts). Generation keeps a KV cache: each new token costs one position's work instead of the whole
@@ -11,9 +11,12 @@ context's (gpt.py: GPT.generate_stream, and its window rule past the model's blo
 is made; Ctrl-C stops it and keeps what was printed.
 Vocabularies it decodes, as the run's data describes them: bytes (the shakespeare dataset), or a tokens folder's
 meta.json/meta.pkl itos (or stoi) of single characters or longer token strings (subwords: the prompt is split by
-greedy longest match, not necessarily the tokenizer's own split). A meta file without one (GPT-2's ids from tiktoken)
-is refused in one line saying what to write into it.
-Exit codes: 0 done; 1 the checkpoint or the data's vocabulary cannot be read; 2 bad flags; 130 stopped by Ctrl-C.
+greedy longest match, not necessarily the tokenizer's own split). A tokens run keeps its vocabulary in its run folder
+(meta.json), so the folder alone samples on any machine; older runs read the data.root their checkpoint recorded. A
+meta file without strings (GPT-2's ids from tiktoken) is refused in one line saying what to write into it, and one
+whose vocabulary is not the checkpoint's (its fingerprint differs: other strings, even of the same size) in one line.
+Exit codes: 0 done; 1 the checkpoint or the data's vocabulary cannot be read; 2 bad flags, or a vocabulary that is not
+the model's; 130 stopped by Ctrl-C.
 """
 import argparse
 import math
@@ -31,26 +34,48 @@ import models
 import text
 
 
-def load_model(path: Path) -> tuple[torch.nn.Module, config.Config]:
-    """The model of a language-model checkpoint, in eval mode, and the run's config."""
+class OtherVocabulary(Exception):
+    """The vocabulary found is not the one the model was trained on (exit 2)."""
+
+
+def load_model(path: Path) -> tuple[torch.nn.Module, config.Config, data.TextInfo]:
+    """The model of a language-model checkpoint, in eval mode, the run's config and its data's description."""
     ckpt = checkpoint.load(path)
     cfg = config.from_dict(ckpt["config"])
     if ckpt["info"]["task"] != "lm":
         raise checkpoint.CheckpointError(f"{path} holds a {ckpt['info']['task']!r} model, not a language model")
-    model = models.build(cfg.model, data.info_from(ckpt["info"]))
+    info = data.info_from(ckpt["info"])
+    model = models.build(cfg.model, info)
     checkpoint.load_weights(model, path)
-    return model.eval(), cfg
+    return model.eval(), cfg, info
 
 
-def load_tokenizer(cfg: config.Config, data_root: Path | None, path: Path, model_vocab: int) -> text.Tokenizer:
-    """The run's tokenizer: bytes, or the vocabulary of the meta file in data_root, by default the data.root that the
-    checkpoint at `path` recorded, which need not exist here (another machine, or relative to another directory)."""
-    root = cfg.data.root if data_root is None else str(data_root)
-    if data_root is None and cfg.data.dataset == "tokens" and not Path(root).is_dir():
-        raise text.TextDataError(f"data.root {root!r}, recorded in {path}, is not a folder here (the data moved, or "
-                                 f"the path is relative to another directory): pass --data-root DIR, the folder "
-                                 f"holding the run's meta.json or meta.pkl")
+def vocabulary_folder(cfg: config.Config, data_root: Path | None, path: Path) -> str:
+    """Where a tokens run's meta file is read: --data-root if given, else the run folder's own copy (beside the
+    checkpoint at `path`), else the data.root the checkpoint recorded, which need not exist here (another machine, or
+    relative to another directory)."""
+    if data_root is not None:
+        return str(data_root)
+    if (path.parent / "meta.json").is_file():
+        return str(path.parent)
+    if not Path(cfg.data.root).is_dir():
+        raise text.TextDataError(f"data.root {cfg.data.root!r}, recorded in {path}, is not a folder here and the run "
+                                 f"folder keeps no meta.json (a run of an older template): pass --data-root DIR, the "
+                                 f"folder holding the run's meta.json or meta.pkl")
+    return cfg.data.root
+
+
+def load_tokenizer(cfg: config.Config, data_root: Path | None, path: Path, info: data.TextInfo,
+                   model_vocab: int) -> text.Tokenizer:
+    """The run's tokenizer: bytes, or a tokens run's vocabulary (vocabulary_folder), which must be the one the
+    checkpoint recorded the fingerprint of (a checkpoint of an older template records none: then its vocabulary
+    must at least fit the model)."""
+    root = vocabulary_folder(cfg, data_root, path) if cfg.data.dataset == "tokens" else cfg.data.root
     tokenizer = text.tokenizer(cfg.data.dataset, root)
+    if info.vocab is not None and tokenizer.fingerprint != info.vocab:
+        raise OtherVocabulary(f"the vocabulary in {root} (fingerprint {tokenizer.fingerprint}, {tokenizer.vocab_size} "
+                              f"tokens) is not the one {path} was trained on (fingerprint {info.vocab}): give "
+                              f"--data-root the folder of the run's own data")
     if tokenizer.vocab_size > model_vocab:
         raise text.TextDataError(f"the meta file in {root} has vocab_size {tokenizer.vocab_size}, more token ids than "
                                  f"the model's {model_vocab}: --data-root must be the folder of the run's own data")
@@ -99,8 +124,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0 = all")
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed: the same seed gives the same text")
     parser.add_argument("--data-root", type=Path,
-                        help="the folder holding a tokens run's meta.json or meta.pkl, instead of the data.root its "
-                             "checkpoint recorded (moved data, a relative path from another directory); "
+                        help="the folder holding a tokens run's meta.json or meta.pkl, instead of the run folder's "
+                             "own copy (or, for a run that keeps none, the data.root its checkpoint recorded); "
                              "byte-level runs read no data")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
     args = parser.parse_args(argv)
@@ -118,8 +143,8 @@ def main(argv=None) -> int:
     path = args.checkpoint or args.run / "best.pt"
     made = 0  # tokens printed: piece n of the stream is the n-th token's text
     try:
-        model, cfg = load_model(path)
-        tokenizer = load_tokenizer(cfg, args.data_root, path, model.wte.num_embeddings)
+        model, cfg, info = load_model(path)
+        tokenizer = load_tokenizer(cfg, args.data_root, path, info, model.wte.num_embeddings)
         t0 = time.perf_counter()
         for made, piece in enumerate(stream(model, tokenizer, args.prompt, args.tokens, args.temperature,
                                             args.top_k or None, args.seed, use_cache=not args.no_cache)):
@@ -128,6 +153,9 @@ def main(argv=None) -> int:
     except (checkpoint.CheckpointError, config.ConfigError, text.TextDataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OtherVocabulary as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C: the text printed so far stays, without a traceback under it
         print(flush=True)
         print(f"[stopped after {made} tokens]", file=sys.stderr)

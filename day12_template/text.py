@@ -7,7 +7,8 @@
                  (uint16, or uint32 when vocab_size > 65536), memory-mapped, never read whole, plus meta.json
                  {"vocab_size": int, "dtype": "uint16"|"uint32" (optional), "itos": {id: str} or [str] (optional:
                  the token strings sample.py decodes; JSON's keys are the ids' digits 0-9)} or nanoGPT's meta.pkl
-                 {"vocab_size", "stoi", "itos"}.
+                 {"vocab_size", "stoi", "itos"}. A run keeps the vocabulary in its folder (`vocabulary_json`), and its
+                 checkpoints its fingerprint (`vocab_fingerprint`), so that sample.py decodes with the right one.
 
 Shakespeare's split is by whole works, so that no scene is split across train and evaluation: VAL_WORKS and TEST_WORKS
 (below) are held out, and train is every other work in manifest order. Each split is its works' texts in manifest
@@ -99,6 +100,7 @@ class TextSplits:
     vocab_size: int
     block_size: int
     bytes_per_token: torch.Tensor | None  # (vocab_size,) float64: UTF-8 bytes of each token id; None if unknown
+    vocab: str  # the vocabulary's fingerprint: BYTES, or vocab_fingerprint of a meta file's
 
 
 def check_fits(tokens: np.ndarray, block_size: int, name: str, hint: str = "") -> None:
@@ -177,7 +179,8 @@ def shakespeare(root: str, block_size: int, eval_windows: int, subset: int) -> T
     check_fits(val, block_size, "Shakespeare's val split")
     check_fits(test, block_size, "Shakespeare's test split")
     return TextSplits(TokenData(train, block_size), eval_data(val, block_size, eval_windows),
-                      eval_data(test, block_size, eval_windows), 256, block_size, torch.ones(256, dtype=torch.float64))
+                      eval_data(test, block_size, eval_windows), 256, block_size, torch.ones(256, dtype=torch.float64),
+                      BYTES)
 
 
 # -- nanoGPT's .bin files ------------------------------------------------------------------------------------------
@@ -241,6 +244,44 @@ def read_meta(root: Path) -> tuple[Path, dict]:
     return path, meta
 
 
+def checked_stoi(meta: dict, path: Path) -> dict[str, int] | None:
+    """A meta's stoi (None if it has none), checked: strings to int ids below vocab_size."""
+    stoi, size = meta.get("stoi"), meta["vocab_size"]
+    if stoi is not None and not (isinstance(stoi, dict) and all(isinstance(s, str) and type(i) is int and 0 <= i < size
+                                                                for s, i in stoi.items())):
+        raise TextDataError(f"{path}: stoi/itos must map strings to int ids below vocab_size {size}")
+    return stoi
+
+
+def token_strings(meta: dict, path: Path) -> dict[int, str] | None:
+    """A meta's token string of each id: its itos, else its stoi inverted; None if it has neither."""
+    if meta.get("itos") is not None:
+        return meta["itos"]
+    stoi = checked_stoi(meta, path)
+    return None if stoi is None else {i: s for s, i in stoi.items()}
+
+
+BYTES = "utf-8 bytes"  # the fingerprint of the byte-level vocabulary (shakespeare)
+
+
+def vocab_fingerprint(vocab_size: int, strings: dict[int, str] | None) -> str:
+    """16 hex digits of a SHA-256 of a vocabulary as sample.py decodes it: vocab_size and each id's string (not the
+    meta file's format, dtype or formatting). Two vocabularies of one size but other strings differ."""
+    decoding = [vocab_size, sorted(strings.items()) if strings is not None else None]
+    return hashlib.sha256(json.dumps(decoding).encode("utf-8")).hexdigest()[:16]
+
+
+def vocabulary_json(root: str) -> str:
+    """A tokens folder's vocabulary as a meta.json of its own (vocab_size and itos, JSON even from a meta.pkl): what
+    a run folder keeps so that it decodes its samples wherever it is copied, without the data."""
+    path, meta = read_meta(Path(root))
+    strings = token_strings(meta, path)
+    kept = {"vocab_size": meta["vocab_size"]}
+    if strings is not None:
+        kept["itos"] = {str(i): s for i, s in sorted(strings.items())}
+    return json.dumps(kept, ensure_ascii=False) + "\n"
+
+
 WIDTH_PROBE = 1 << 20  # tokens looked at for the tell-tale zeros of a file of the wider dtype
 
 
@@ -290,12 +331,13 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
         bytes_per_token = torch.tensor([len(itos[i].encode("utf-8")) for i in range(vocab_size)],
                                        dtype=torch.float64)
     return TextSplits(TokenData(train, block_size), eval_data(val, block_size, eval_windows), test, vocab_size,
-                      block_size, bytes_per_token)
+                      block_size, bytes_per_token, vocab_fingerprint(vocab_size, token_strings(meta, meta_path)))
 
 
 # -- tokenizers ----------------------------------------------------------------------------------------------------
 class Tokenizer(Protocol):
     vocab_size: int  # token ids are below it
+    fingerprint: str  # the vocabulary's (BYTES, or vocab_fingerprint's): a checkpoint records the one it trained on
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -309,7 +351,7 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     """UTF-8 bytes as token ids 0..255 (shakespeare)."""
 
-    vocab_size = 256
+    vocab_size, fingerprint = 256, BYTES
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -336,6 +378,7 @@ class VocabTokenizer:
     def __init__(self, stoi: dict[str, int], itos: dict[int, str], vocab_size: int, meta_path: Path):
         self.stoi, self.itos, self.vocab_size, self.meta_path = stoi, itos, vocab_size, meta_path
         self.longest = max(map(len, stoi), default=0)
+        self.fingerprint = vocab_fingerprint(vocab_size, itos)
 
     def encode(self, text: str) -> list[int]:
         ids, unmatched, at = [], [], 0
@@ -373,17 +416,13 @@ def tokenizer(dataset: str, root: str) -> Tokenizer:
     if not root or not Path(root).is_dir():
         raise TextDataError(f"data.root={root!r} is not a folder: the tokens dataset's meta file lives there")
     meta_path, meta = read_meta(Path(root))
-    itos, stoi, size = meta.get("itos"), meta.get("stoi"), meta["vocab_size"]
-    if itos is None and stoi is None:
+    itos, size = token_strings(meta, meta_path), meta["vocab_size"]
+    if itos is None:
         raise TextDataError(f"{meta_path} has no itos/stoi, so its token ids cannot be read as text: sample.py "
                             f"decodes bytes (the shakespeare dataset) and a meta file's vocabulary of characters or "
                             f'longer token strings; write the strings into meta.json as "itos": [string of id 0, '
                             f"string of id 1, ...]")
+    stoi = checked_stoi(meta, meta_path)
     if stoi is None:
         stoi = {s: i for i, s in itos.items()}
-    if not isinstance(stoi, dict) or not all(isinstance(s, str) and type(i) is int and 0 <= i < size
-                                             for s, i in stoi.items()):
-        raise TextDataError(f"{meta_path}: stoi/itos must map strings to int ids below vocab_size {size}")
-    if itos is None:
-        itos = {i: s for s, i in stoi.items()}
     return VocabTokenizer(stoi, itos, size, meta_path)

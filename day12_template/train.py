@@ -258,6 +258,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         checkpoint.clean_stale_tmp(run_dir)  # safe: no other live run owns these files
         if warning := config.ignored(cfg):
             print(f"warning: {warning}", file=sys.stderr)
+        if vocabulary := data.kept_vocabulary(cfg.data):  # the run folder alone decodes its samples (sample.py)
+            runlog.write_atomic(run_dir / "meta.json", vocabulary)
     log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step,
                         runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
     closing.push(log.ended)

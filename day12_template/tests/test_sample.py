@@ -1,7 +1,8 @@
-"""sample.py against hostile input, one behaviour per test: a moved tokens run samples with --data-root, a subword
-vocabulary decodes, a vocabulary sample.py cannot decode is one line saying what to write, the text streams and Ctrl-C
-keeps it, a tiny temperature is greedy, and --help shows the defaults. One tiny GPT for the module, trained on a
-subword vocabulary's ids (whole words, a space, a new line) in nanoGPT's files, whose folder then moves."""
+"""sample.py against hostile input, one behaviour per test: a tokens run samples from its run folder alone once its
+data moved (or with --data-root), another vocabulary is refused even of the same size, a subword vocabulary decodes,
+a vocabulary sample.py cannot decode is one line saying what to write, the text streams and Ctrl-C keeps it, a tiny
+temperature is greedy, and --help shows the defaults. One tiny GPT for the module, trained on a subword vocabulary's
+ids (whole words, a space, a new line) in nanoGPT's files, whose folder then moves."""
 import json
 import random
 import shutil
@@ -71,9 +72,24 @@ def test_sample_reads_a_moved_tokens_run_with_data_root(lm, capsys):
     assert code == 0 and out.startswith(PROMPT), err
 
 
-def test_a_moved_tokens_run_without_data_root_says_to_pass_it(lm, capsys):
-    code, out, err = run_sample(capsys, "--run", lm["run"], "--prompt", PROMPT)
+def test_a_tokens_run_samples_from_its_run_folder_alone_once_its_data_moved(lm, capsys, tmp_path):
+    copied = shutil.copytree(lm["run"], tmp_path / "copied")  # to a laptop, say: the run folder without the data
+    code, out, err = run_sample(capsys, "--run", str(copied), "--prompt", PROMPT, "--tokens", "20")
+    with_data = run_sample(capsys, "--run", lm["run"], "--data-root", lm["moved"], "--prompt", PROMPT, "--tokens", "20")
+    assert code == 0 and (code, out) == with_data[:2], err
+
+
+def test_a_moved_run_that_keeps_no_vocabulary_says_to_pass_data_root(lm, capsys, tmp_path):
+    older = shutil.copytree(lm["run"], tmp_path / "older")  # as a run of a template that kept no meta.json
+    (older / "meta.json").unlink()
+    code, out, err = run_sample(capsys, "--run", str(older), "--prompt", PROMPT)
     assert code == 1 and "pass --data-root" in one_line(err) and out == ""
+
+
+def test_another_vocabulary_of_the_same_size_is_refused_in_one_line(lm, capsys):
+    shuffled = write_meta(lm["base"] / "shuffled", {"vocab_size": len(VOCAB), "itos": VOCAB[::-1]})
+    code, out, err = run_sample(capsys, "--run", lm["run"], "--data-root", str(shuffled), "--prompt", PROMPT)
+    assert code == 2 and "fingerprint" in one_line(err) and out == ""
 
 
 def test_a_data_root_that_is_not_a_folder_is_a_flag_error(lm, capsys):
@@ -87,13 +103,13 @@ def test_a_data_root_with_more_token_ids_than_the_model_is_refused(lm, capsys):
     larger = write_meta(lm["base"] / "larger",
                         {"vocab_size": 100, "itos": VOCAB + [f"<{i}>" for i in range(len(VOCAB), 100)]})
     code, _, err = run_sample(capsys, "--run", lm["run"], "--data-root", str(larger), "--prompt", "<99>")
-    assert code == 1 and "vocab_size 100" in one_line(err)
+    assert code == 2 and "100 tokens" in one_line(err)
 
 
 def test_sample_decodes_a_subword_vocabulary(lm, capsys):
     code, out, err = run_sample(capsys, "--run", lm["run"], "--data-root", lm["moved"], "--prompt", PROMPT,
                                 "--tokens", "30")
-    model, _ = sample.load_model(Path(lm["run"]) / "best.pt")
+    model, _, _ = sample.load_model(Path(lm["run"]) / "best.pt")
     prompt = torch.tensor([[VOCAB.index("the"), VOCAB.index(" "), VOCAB.index("king")]])
     ids = model.generate(prompt, 30, temperature=0.8, top_k=50, generator=torch.Generator().manual_seed(0))
     assert code == 0 and out == "".join(VOCAB[i] for i in ids[0].tolist()) + "\n", err  # sample.py's defaults
