@@ -1,11 +1,12 @@
 """Checkpoint files: atomic writes, last/best links that cannot go stale, loads that fail loudly.
 
 A run folder holds `ckpt-<step>.pt` files (the newest `keep_last`), `last.pt` (the newest) and `best.pt` (lowest
-validation loss); the two names are hard links to step files, so naming costs no second write. Save order:
-write `ckpt-N.pt` atomically -> link `best.pt` (if N is the best) -> link `last.pt` -> prune old files. A kill
-anywhere leaves `last.pt` complete; `best.pt` can at worst be *ahead* of `last.pt` (a resume replays the same steps
-and re-links it). Every checkpoint also records which step is the best, and `repair_best` re-links `best.pt` from
-that record on resume, so even a folder left inconsistent by other code heals. A resume into another folder copies
+validation loss); the two names are hard links to step files, so naming costs no second write. Order at the end of
+an evaluation period: write `ckpt-N.pt` atomically -> link `last.pt` -> prune old files -> evaluate -> link
+`best.pt` to it (`link_best`, if N is the best). A kill anywhere leaves `last.pt` complete; `best.pt` then holds the best
+step that `last.pt` records, or N, whose evaluation a resume from `last.pt` does again (and re-links it). Every
+checkpoint records which step is the best, and `repair_best` re-links `best.pt` from that record on resume, so even
+a folder left inconsistent by other code heals. A resume into another folder copies
 the best checkpoint from the folder it resumes from; if no file holds it any more, the final test uses the last weights.
 
 A *sharded* checkpoint (checkpoint.format, the default under FSDP) is a folder `ckpt-<step>/` instead: every rank
@@ -162,9 +163,7 @@ def step_files(run_dir: Path, step: int | None = None) -> list[Path]:
     return [p for p in found if step is None or _order(p)[0] == step]
 
 
-def _link_and_prune(path: Path, run_dir: Path, keep_last: int, is_best: bool) -> Path:
-    if is_best:
-        link(path, run_dir / "best.pt")
+def _link_and_prune(path: Path, run_dir: Path, keep_last: int) -> Path:
     link(path, run_dir / "last.pt")
     linked = {(run_dir / name).resolve() for name in ("best.pt", "last.pt")}
     for old in step_files(run_dir)[:-keep_last]:
@@ -173,23 +172,28 @@ def _link_and_prune(path: Path, run_dir: Path, keep_last: int, is_best: bool) ->
     return path
 
 
-def save(payload: dict, run_dir: Path, keep_last: int, is_best: bool) -> Path:
-    """Write ckpt-<step>.pt, link best.pt (first) and last.pt to it, delete all but the newest `keep_last`."""
+def save(payload: dict, run_dir: Path, keep_last: int) -> Path:
+    """Write ckpt-<step>.pt, link last.pt to it, delete all but the newest `keep_last`."""
     path = run_dir / step_name(payload["step"], sharded=False)
     atomic_save(payload, path)
-    return _link_and_prune(path, run_dir, keep_last, is_best)
+    return _link_and_prune(path, run_dir, keep_last)
+
+
+def link_best(run_dir: Path, step: int) -> None:
+    """Point best.pt at this folder's newest checkpoint of `step` (its file, or its sharded folder)."""
+    link(step_files(run_dir, step)[-1], Path(run_dir) / "best.pt")
 
 
 class ShardedSave:
     """A sharded checkpoint being written, on every rank (each step is a collective). Started: rank 0 calls `before()`
     and makes ckpt-<step>.tmp/, then `write_shards(folder)` starts this rank's shard and returns a distributed.Writing
     (done yet? then its result: what meta.pt needs beside the tensors). `complete()`
-    waits, then rank 0 adds meta.pt, renames the folder to ckpt-<step>/, links best.pt (first) and last.pt to it and
-    prunes. Any rank's failure -> CheckpointError on every rank; the previous checkpoint stays."""
+    waits, then rank 0 adds meta.pt, renames the folder to ckpt-<step>/, links last.pt to it and prunes. Any rank's
+    failure -> CheckpointError on every rank; the previous checkpoint stays."""
 
-    def __init__(self, meta: dict, write_shards, run_dir: Path, keep_last: int, is_best: bool, d, before):
+    def __init__(self, meta: dict, write_shards, run_dir: Path, keep_last: int, d, before):
         self.meta = deepcopy(meta)  # as it is now: an asynchronous save completes after more training
-        self.run_dir, self.keep_last, self.is_best, self.d = run_dir, keep_last, is_best, d
+        self.run_dir, self.keep_last, self.d = run_dir, keep_last, d
         self.final = run_dir / step_name(meta["step"], sharded=True)
         if self.final.exists():  # the step saved again (a resume replayed it): a new name, the old one stays linked
             self.final = self.final.with_name(f"{self.final.name}.{len(step_files(run_dir, meta['step']))}")
@@ -248,7 +252,7 @@ class ShardedSave:
         _fsync_tree(tmp)
         os.replace(tmp, final)
         _fsync_dir(self.run_dir)
-        _link_and_prune(final, self.run_dir, self.keep_last, self.is_best)
+        _link_and_prune(final, self.run_dir, self.keep_last)
 
 
 def clean_stale_tmp(run_dir: Path) -> list[Path]:
@@ -321,8 +325,8 @@ def repair_best(run_dir: Path, last: dict, source: Path | None = None) -> str | 
     the one in the folder resumed from; returns what was done (None: nothing to do)."""
     want, best = last["best"]["step"], run_dir / "best.pt"
     have = step_of(best)
-    if want is None or have == want or (have is not None and have > last["step"]):
-        return None  # consistent, or ahead of last.pt: the resumed run replays those steps and re-links it
+    if want is None or have == want or (have is not None and have >= last["step"]):
+        return None  # consistent, or not behind last.pt: the resumed run redoes that evaluation and re-links it
     found = holding(want, run_dir, source)
     if found is None:
         return f"best.pt holds step {have} but no file holds the best checkpoint (step {want}) any more; best.pt " \
@@ -342,8 +346,10 @@ def load_best(run_dir: Path, step: int | None, source: Path | None = None) -> di
     """best.pt for the final test, refused unless it holds `step` (the recorded best); None when no file holds that
     step any more (repair_best said so at start-up): the caller then tests the weights it has."""
     path = run_dir / "best.pt"
-    if step is not None and step_of(path) != step and holding(step, run_dir, source) is None:
-        return None
+    if step is not None and step_of(path) != step:
+        path = holding(step, run_dir, source)
+        if path is None:
+            return None
     best = load(path)
     if best["step"] != step:
         raise CheckpointError(f"{path} holds step {best['step']}, but the best validation loss was at step {step}")

@@ -5,7 +5,9 @@ to train.py from outside its loop, as a `train.Hook`; run them through this file
 
     nan_step=N, nan_module=NAME   the output of module NAME (default: the first one) turns NaN at optimizer step N
     inf_grad_step=N               one gradient turns inf at optimizer step N (an fp16 overflow: the scaler skips)
-    kill_between_links=N          SIGKILL this process between linking best.pt and last.pt, at the Nth save
+    eval_fail_at=N                the evaluation after optimizer step N raises torch.OutOfMemoryError (what a too
+                                  large evaluation batch does on a GPU)
+    kill_between_links=N          SIGKILL this process between linking last.pt and best.pt, at the Nth best
     step_sleep=S                  sleep S seconds after each optimizer step (gives a signal time to land mid-run)
     stop_at=N                     SIGTERM to this process during step N, so the run stops after it (a
                                   scheduler's stop at a chosen step: a period's last one, the run's last one)
@@ -54,6 +56,7 @@ class Faults(train.Hook):
     nan_step: int = 0
     nan_module: str = ""
     inf_grad_step: int = 0
+    eval_fail_at: int = 0
     kill_between_links: int = 0
     step_sleep: float = 0.0
     stop_at: int = 0
@@ -80,6 +83,8 @@ class Faults(train.Hook):
             dict(model.named_modules())[name].register_forward_hook(self.nan_output(progress))
         if self.inf_grad_step:
             next(model.parameters()).register_hook(self.inf_gradient(progress))
+        if self.eval_fail_at:
+            model.register_forward_pre_hook(self.failing_evaluation(progress))
         if self.grad_syncs:
             count_grad_syncs(module, progress, self.grad_syncs)
         self.stop_if_next(progress)  # stop_at=1, or a resume that starts one step before it
@@ -103,6 +108,14 @@ class Faults(train.Hook):
             return grad
         return hook
 
+    def failing_evaluation(self, progress):
+        """A forward pre-hook: the model in eval mode after step `eval_fail_at` runs out of memory."""
+        def hook(module, args):
+            if not module.training and progress.step == self.eval_fail_at:
+                raise torch.OutOfMemoryError(f"fault drill: out of memory in the evaluation after step "
+                                             f"{self.eval_fail_at}")
+        return hook
+
     def step(self, progress) -> None:
         if self.step_sleep:
             time.sleep(self.step_sleep)
@@ -122,18 +135,19 @@ class Faults(train.Hook):
 
 
 def kill_between_links(n: int) -> None:
-    """SIGKILL this process right after checkpoint.save links best.pt, before it links last.pt, at the Nth time."""
+    """SIGKILL this process between the two links of a better period's checkpoint: last.pt linked before the
+    evaluation, best.pt not yet after it, at the Nth time best.pt is about to be linked."""
     link, count = checkpoint.link, [0]
 
-    def link_then_maybe_die(src: Path, dst: Path) -> None:
-        link(src, dst)
+    def maybe_die_then_link(src: Path, dst: Path) -> None:
         if dst.name == "best.pt":
             count[0] += 1
             if count[0] == n:
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
+        link(src, dst)
 
-    checkpoint.link = link_then_maybe_die
+    checkpoint.link = maybe_die_then_link
 
 
 def count_grad_syncs(module: torch.nn.Module, progress, folder: str) -> None:

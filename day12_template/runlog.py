@@ -196,10 +196,21 @@ class MlflowRun:
         self.client.set_terminated(self.run_id, status)
 
 
+def kept_records(run_dir: Path, start_step: int, evaluation_due: bool) -> list[dict]:
+    """The records a resume from `start_step` keeps: none of the work it does again (the steps after it, the test,
+    and, when `evaluation_due`, the evaluation at start_step: the checkpoint was written before it)."""
+    def redone(record: dict) -> bool:
+        if record["kind"] == "test" or record["step"] > start_step:
+            return True
+        return evaluation_due and record["step"] == start_step and record["kind"] == "val"
+
+    return [record for record in read_metrics(run_dir) if not redone(record)]
+
+
 class RunLog:
     """Rank 0's files and screen; on other ranks every method does nothing."""
 
-    def __init__(self, run_dir: Path, cfg, active: bool, start_step: int, meta: dict):
+    def __init__(self, run_dir: Path, cfg, active: bool, start_step: int, meta: dict, evaluation_due: bool = False):
         self.run_dir, self.active, self.cfg, self.bar, self.closed = Path(run_dir), active, cfg, None, False
         self.tb = self.mlflow = None
         if not active:
@@ -207,15 +218,18 @@ class RunLog:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.run_dir / "config.toml", config_mod.dump_toml(cfg))
         launches = previous_launches(self.run_dir / "run.json") if start_step else []
-        # Records past the checkpoint came from work that is now redone: drop them.
-        kept = [r for r in read_metrics(self.run_dir) if r["step"] <= start_step and r["kind"] != "test"]
+        kept = kept_records(self.run_dir, start_step, evaluation_due)
         write_atomic(self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
         self.metrics = open(self.run_dir / "metrics.jsonl", "a")
         if cfg.run.tracker == "tensorboard":
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step + 1)
+                # Readers drop the points from start_step on: those kept there are logged again
+                self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step)
+                for record in kept:
+                    if record["step"] == start_step:
+                        self.add_scalars(record["kind"], record["step"], record)
             except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
                 pass
         elif cfg.run.tracker == "mlflow":
@@ -233,10 +247,13 @@ class RunLog:
         self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
         self.metrics.flush()  # one write per line: a kill leaves at most one torn line, which readers skip
         if self.tb:
-            for name, value in scalars(kind, values).items():
-                self.tb.add_scalar(name, value, step)
+            self.add_scalars(kind, step, values)
         if self.mlflow:
             self.mlflow.add(kind, step, values)
+
+    def add_scalars(self, kind: str, step: int, values: dict) -> None:
+        for name, value in scalars(kind, values).items():
+            self.tb.add_scalar(name, value, step)
 
     def flush(self) -> None:
         """Make the logs durable up to now (before each checkpoint, so they never lag it after a kill)."""

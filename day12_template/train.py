@@ -247,6 +247,9 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         progress = Progress.of(ckpt)
         if ckpt["world_size"] == d.world:  # last: nothing may draw from the RNGs before the next step
             checkpoint.set_rng_state(ckpt["rng"][d.rank], device)
+    # A checkpoint at a period's end (or the run's) was written before that period's evaluation: a resume from it
+    # does the evaluation again, so one that failed (an out-of-memory, say) loses no training.
+    evaluation_due = bool(ckpt) and (progress.step >= last_step or not sampler.steps_left())
 
     # 3. The run folder (rank 0 writes, the others only compute), now that nothing can be refused any more.
     if d.is_main:
@@ -261,7 +264,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         if vocabulary := data.kept_vocabulary(cfg.data):  # the run folder alone decodes its samples (sample.py)
             runlog.write_atomic(run_dir / "meta.json", vocabulary)
     log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step,
-                        runlog.metadata(device, d.world, str(resume.resolve()) if resume else None))
+                        runlog.metadata(device, d.world, str(resume.resolve()) if resume else None), evaluation_due)
     closing.push(log.ended)
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
             f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if tc.steps else 'samples'}) | "
@@ -276,6 +279,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                         f"warmup + cosine from this step on")
         if progress.step >= total_steps:
             resumed += f"; step {progress.step} is past the {total_steps} planned: nothing more to train"
+        if evaluation_due:
+            resumed += f"; the evaluation at step {progress.step}, which its checkpoint came before, is done again"
         log.say(resumed)
         if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt, resume)):
             log.say(note)
@@ -296,11 +301,11 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         while writing:
             writing.pop().complete()
 
-    def save(is_best: bool = False) -> None:
+    def save() -> None:
         """Every rank takes part. Full: rank 0 gathers plain state dicts (names, no prefixes) and writes one file.
         Sharded: every rank writes its own shard of model and optimizer; rank 0 writes the rest beside them; with
         checkpoint.async_save the writing goes on in the background; the first step at which every rank's files are
-        written (or the next save, or the end) completes it."""
+        written (or the next save, or the end) completes it. last.pt then points at it."""
         meta = {"format": checkpoint.FORMAT, **dataclasses.asdict(progress), "config": config.to_dict(cfg),
                 "world_size": d.world, "info": {"task": task.name, **dataclasses.asdict(splits.info)},
                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "sampler": sampler.state_dict(),
@@ -308,7 +313,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         if sharded:  # log.flush: the logs reach the disk before the checkpoint that vouches for them
             saved()  # a second save waits for the first
             shards = functools.partial(distributed.save_shards, model, optimizer, d, cfg.checkpoint.async_save)
-            writing.append(checkpoint.ShardedSave(meta, shards, run_dir, cfg.checkpoint.keep_last, is_best, d,
+            writing.append(checkpoint.ShardedSave(meta, shards, run_dir, cfg.checkpoint.keep_last, d,
                                                   before=log.flush))
             if not cfg.checkpoint.async_save:
                 saved()
@@ -319,10 +324,22 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         if d.is_main:
             try:
                 log.flush()
-                checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last, is_best)
+                checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last)
             except (checkpoint.CheckpointError, OSError) as exc:  # OSError: the log's fsync, an old checkpoint's unlink
                 error = str(exc)
         if error := d.gather(error)[0]:  # every rank fails together; none waits forever
+            raise checkpoint.CheckpointError(error)
+
+    def mark_best() -> None:
+        """best.pt points at this step's checkpoint: the one saved before the evaluation that found it best."""
+        saved()
+        error = None
+        if d.is_main:
+            try:
+                checkpoint.link_best(run_dir, progress.step)
+            except checkpoint.CheckpointError as exc:
+                error = str(exc)
+        if error := d.gather(error)[0]:
             raise checkpoint.CheckpointError(error)
 
     def stop_here() -> None:
@@ -334,16 +351,13 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     def early_stopped() -> bool:
         return bool(tc.early_stop_patience) and progress.bad_evals >= tc.early_stop_patience
 
-    # 4. The loop: micro-batches -> one optimizer step -> log / checkpoint / stop; an evaluation per period (an
-    # epoch of images, train.eval_every steps of text).
-    speed.start(progress.step)
-    signals = 0  # ranks that saw a stop signal, summed at the last step
-    period_name = "period" if tc.steps else "epoch"  # text evaluates every train.eval_every steps, images per epoch
-    while sampler.epoch < periods and progress.step < last_step and not early_stopped():
-        period = sampler.epoch
+    def train_period(period: int) -> float:
+        """The period's remaining optimizer steps: micro-batches -> one optimizer step -> log / checkpoint / stop.
+        Returns how many ranks saw a stop signal at its last step (their stop waits for the period's evaluation)."""
         batches = iter(train_loader)
         log.epoch_bar(f"{period_name} {period + 1}/{periods}", sampler.steps_per_epoch,
                       sampler.steps_per_epoch - sampler.steps_left())
+        signals = 0  # ranks that saw a stop signal, summed at each step
         for _ in range(sampler.steps_left()):
             micro_batches = [next(batches) for _ in range(accum)]
             step_loss = forward_backward(module, task, micro_batches, device, autocast, scaler,
@@ -386,9 +400,24 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             if cfg.checkpoint.every_steps and progress.step % cfg.checkpoint.every_steps == 0:
                 save()
         log.end_epoch()
+        return signals
+
+    # 4. The loop: each evaluation period (an epoch of images, train.eval_every steps of text) trains, is saved, then
+    # evaluated; a resume whose evaluation is due starts there.
+    speed.start(progress.step)
+    period_name = "period" if tc.steps else "epoch"  # text evaluates every train.eval_every steps, images per epoch
+    while sampler.epoch < periods and (progress.step < last_step or evaluation_due) and not early_stopped():
+        period, signals = sampler.epoch, 0
+        if not evaluation_due:
+            signals = train_period(period)
+            save()
+        elif d.gather(not checkpoint.step_files(run_dir, progress.step))[0]:
+            save()  # resumed from another folder (rank 0 decides for all): this one gets the checkpoint too
+        evaluation_due = False
         metrics = evaluate(model, task, *evals["val"], device, autocast, d)
         if not math.isfinite(metrics["loss"]):
-            raise NonFinite(f"validation loss is {metrics['loss']} at step {progress.step}; no checkpoint written")
+            raise NonFinite(f"validation loss is {metrics['loss']} at step {progress.step}: last.pt holds the "
+                            f"weights that gave it")
         improved = metrics["loss"] < progress.best["val_loss"]
         if improved:
             progress.best = {"step": progress.step, "val_loss": metrics["loss"]}
@@ -399,11 +428,12 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         where = f"epoch {period + 1}/{periods} step {progress.step}"
         if tc.steps:
             where = f"step {progress.step}/{total_steps}"
+        rate = f", {speed.samples_per_s(progress.step):,.0f} samples/s" if progress.step > speed.step0 else ""
         log.say(f"{where}: {task.describe(metrics, 'val')}"
-                + (" (best)" if improved else f" (not better for {progress.bad_evals})")
-                + f", {speed.samples_per_s(progress.step):,.0f} samples/s")
-        save(is_best=improved)
-        if signals:  # the stop that came with the period's last step, now that its evaluation is checkpointed
+                + (" (best)" if improved else f" (not better for {progress.bad_evals})") + rate)
+        if improved:
+            mark_best()
+        if signals:  # the stop that came with the period's last step, honoured after its evaluation
             stop_here()
         if early_stopped():
             log.say(f"early stop: no better validation loss for {tc.early_stop_patience} evaluations")

@@ -1,6 +1,7 @@
 """Exact resume: a run SIGKILLed at a random mid-epoch step and resumed with checkpoint.resume=auto logs the same
 losses and ends in bitwise the same state (model, optimizer, schedule, scaler, sampler) as the run never killed, for
-each of the variants that keep state in different places."""
+each of the variants that keep state in different places; so does a run stopped at a period's or the run's last step,
+and one whose evaluation there failed."""
 import random
 import signal
 import sys
@@ -8,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 import checkpoint
 import train
@@ -117,6 +119,22 @@ def test_a_stop_at_a_periods_or_the_runs_last_step_resumes_to_every_record_best_
     values, ref_dir, ref = uninterrupted[task]
     with pytest.raises(train.Stopped):
         train.run(cfg_of(values, tmp_path), [Faults(stop_at=STOPS[stop])])
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == STOPS[stop]
+    result = train.run(cfg_of({**values, "checkpoint.resume": "auto"}, tmp_path))
+    assert every_record(tmp_path) == every_record(ref_dir)
+    assert (result["best_step"], result["tested"]) == (ref["best_step"], ref["tested"])
+    assert diff_states(full(tmp_path / "best.pt")["model"], full(ref_dir / "best.pt")["model"]) == []
+
+
+# -- an evaluation that fails (out of memory) loses none of its period's training ------------------------------------
+@pytest.mark.parametrize("stop", STOPS)
+@pytest.mark.parametrize("task", ["classify", "lm"])
+def test_an_evaluation_that_fails_keeps_its_periods_training_and_a_resume_redoes_it_to_every_record_of_the_run(
+        uninterrupted, tmp_path, task, stop):
+    values, ref_dir, ref = uninterrupted[task]
+    values = {**values, "checkpoint.every_steps": 0}  # the default: no checkpoint within a period
+    with pytest.raises(torch.OutOfMemoryError):
+        train.run(cfg_of(values, tmp_path), [Faults(eval_fail_at=STOPS[stop])])
     assert checkpoint.load(tmp_path / "last.pt")["step"] == STOPS[stop]
     result = train.run(cfg_of({**values, "checkpoint.resume": "auto"}, tmp_path))
     assert every_record(tmp_path) == every_record(ref_dir)
