@@ -634,8 +634,9 @@ def test_disk_full_during_a_real_run_fails_clearly_and_keeps_last_pt_loadable(fm
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_an_old_checkpoint_that_cannot_be_deleted_stops_every_rank_with_one_line(fmt, tmp_path, capsys,
-                                                                                  monkeypatch):
+def test_an_old_checkpoint_that_cannot_be_deleted_is_one_warning_and_the_run_finishes(fmt, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """Pruning is housekeeping: the newest checkpoint is written and linked before it, so the run goes on."""
     unlink, rmtree = Path.unlink, shutil.rmtree
 
     def refused(path):  # e.g. a file another user owns in a shared folder
@@ -655,11 +656,12 @@ def test_an_old_checkpoint_that_cannot_be_deleted_stops_every_rank_with_one_line
     run_dir = tmp_path / "run"
     code = train.main(["--set", *sets({**TINY, "train.max_steps": 4, "checkpoint.every_steps": 1, **FORMATS[fmt],
                                        "checkpoint.keep_last": 1, "run.out_dir": str(run_dir)})])
-    err = capsys.readouterr().err
-    gates.check(f"{fmt}: an old checkpoint that cannot be deleted: exit code, error lines naming it, traceback, "
-                f"last.pt step", [code, err.count("error: "), checkpoint.step_name(1, fmt == "sharded") in err,
-                                  "Traceback" in err, checkpoint.load(run_dir / "last.pt")["step"]],
-                "==", [1, 1, True, False, 2])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    names = [checkpoint.step_name(step, fmt == "sharded") for step in (1, 2, 3)]
+    gates.check(f"{fmt}: old checkpoints that cannot be deleted (keep_last 1, one every step): exit code, warnings, "
+                f"those naming steps 1, 2, 3 in turn and saying the newest is intact, last.pt step",
+                [code, len(warnings), [n in w and "is intact" in w for n, w in zip(names, warnings)],
+                 checkpoint.load(run_dir / "last.pt")["step"]], "==", [0, 3, [True, True, True], 4])
 
 
 class Gadget:

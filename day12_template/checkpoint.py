@@ -19,6 +19,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import zipfile
 from copy import deepcopy
 from pathlib import Path
@@ -163,12 +164,21 @@ def step_files(run_dir: Path, step: int | None = None) -> list[Path]:
     return [p for p in found if step is None or _order(p)[0] == step]
 
 
+UNREMOVABLE: set[Path] = set()  # old checkpoints this process could not remove, each warned about once
+
+
 def _link_and_prune(path: Path, run_dir: Path, keep_last: int) -> Path:
     link(path, run_dir / "last.pt")
     linked = {(run_dir / name).resolve() for name in ("best.pt", "last.pt")}
     for old in step_files(run_dir)[:-keep_last]:
         if not (old.is_dir() and old.resolve() in linked):  # a folder a link points to stays (a file's bytes do)
-            _remove(old)
+            try:
+                _remove(old)
+            except OSError as exc:  # housekeeping: the run goes on, and each later save tries again
+                if old not in UNREMOVABLE:  # said once
+                    UNREMOVABLE.add(old)
+                    print(f"warning: could not remove the old checkpoint {old} ({_reason(exc)}); the newest, "
+                          f"{path.name}, is intact", file=sys.stderr)
     return path
 
 
@@ -255,9 +265,17 @@ class ShardedSave:
         _link_and_prune(final, self.run_dir, self.keep_last)
 
 
+# The temporary names this template writes in a run folder: a checkpoint file or sharded folder, a link, a log file.
+TEMPORARY = re.compile(r"(ckpt-\d{8}(\.pt|\.\d+)?|last\.pt|best\.pt|config\.toml|run\.json|metrics\.jsonl|meta\.json)\.tmp")
+
+
 def clean_stale_tmp(run_dir: Path) -> list[Path]:
-    """A SIGKILL skips `finally`: remove temporary files (and half-written sharded folders) a dead run left."""
-    stale = sorted(Path(run_dir).glob("*.tmp"))
+    """A SIGKILL skips `finally`: remove the temporary files (and half-written sharded folders) a dead run of this
+    template left, by their names, and only in a run folder of this template (one with a run.json): a file of yours
+    named *.tmp stays."""
+    if not (Path(run_dir) / "run.json").is_file():
+        return []
+    stale = sorted(p for p in Path(run_dir).iterdir() if TEMPORARY.fullmatch(p.name))
     for p in stale:
         _remove(p)
     return stale

@@ -130,7 +130,8 @@ class Train:
     steps: int = opt(0, "text: optimizer steps of the whole run (the cosine spans them, as nanoGPT's max_iters); "
                      "images leave it 0 and train for epochs", ge=0, safe=True)
     eval_every: int = opt(0, "text: optimizer steps between evaluations (each also checkpoints); 0 = only at the "
-                          "end. Images evaluate once per epoch", ge=0, safe=True)
+                          "end. Images evaluate once per epoch. Fixed for a run: each period draws its windows from "
+                          "it", ge=0)
     batch_size: int = opt(256, "samples (images or windows) per optimizer step over all ranks and micro-batches "
                           "(the global batch)", gt=0)
     grad_accum: int = opt(1, "micro-batches per optimizer step on each rank: one forward sees batch_size / "
@@ -344,6 +345,9 @@ def check_combinations(cfg: Config, world_size: int | None = None) -> None:
                           f"applies to imagefolder and synthetic only")
     if cfg.data.dataset == "imagefolder" and not cfg.data.root:
         raise ConfigError("data.root: imagefolder needs the folder holding train/<class>/<image> files")
+    if cfg.data.root and Path(cfg.run.out_dir).resolve().is_relative_to(Path(cfg.data.root).resolve()):
+        raise ConfigError(f"run.out_dir {cfg.run.out_dir} is data.root {cfg.data.root} or inside it: put the run "
+                          f"folder beside the data, not in it")
     if cfg.data.dataset == "tokens" and not cfg.data.root:
         raise ConfigError("data.root: tokens needs the folder holding train.bin, val.bin and meta.json/meta.pkl")
     check_task(cfg)

@@ -110,8 +110,12 @@ def check_fits(tokens: np.ndarray, block_size: int, name: str, hint: str = "") -
 
 
 def eval_data(tokens: np.ndarray, block_size: int, eval_windows: int) -> TokenData:
-    """`eval_windows` starts evenly spaced over the split, or (0) every non-overlapping window."""
+    """`eval_windows` starts evenly spaced over the split, or (0) every non-overlapping window. More than the split's
+    distinct windows would only repeat them (an evaluation of hours and gigabytes): refused."""
     last = len(tokens) - block_size - 1
+    if eval_windows > last + 1:
+        raise TextDataError(f"data.eval_windows={eval_windows:,} is more than the {last + 1:,} distinct windows of a "
+                            f"{len(tokens):,}-token evaluation split: lower it (0 = every non-overlapping window)")
     if eval_windows:
         starts = np.linspace(0, last, eval_windows).round().astype(np.int64)
     else:

@@ -243,7 +243,10 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         restore(model, optimizer, ckpt, d)
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
-        sampler.load_state_dict(ckpt["sampler"])
+        try:
+            sampler.load_state_dict(ckpt["sampler"])
+        except ValueError as exc:  # the training split changed size since the checkpoint
+            raise data.DataError(f"cannot resume from {resume}: {exc}") from None
         progress = Progress.of(ckpt)
         if ckpt["world_size"] == d.world:  # last: nothing may draw from the RNGs before the next step
             checkpoint.set_rng_state(ckpt["rng"][d.rank], device)

@@ -123,7 +123,7 @@ def test_tokens_reads_bin_files_and_meta_json(tmp_path):
 
 
 def test_tokens_reads_nanogpt_meta_pkl_and_test_bin(tmp_path):
-    root = write_tokens(tmp_path, list(range(13)) * 3, [0, 1, 2, 3, 4], CHAR_META, pkl=True)
+    root = write_tokens(tmp_path, list(range(13)) * 3, [0, 1, 2, 3, 4, 5], CHAR_META, pkl=True)  # 2 windows of 4
     np.array([5, 4, 3, 2, 1, 0], dtype=np.uint16).tofile(root / "test.bin")
     splits = text.tokens(str(root), 4, 2, 0)
     assert len(splits.test) == 2 and splits.test.batch(-1, torch.tensor([1]))[1].tolist() == [[3, 2, 1, 0]]

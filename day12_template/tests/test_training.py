@@ -204,3 +204,81 @@ def test_a_text_resume_that_changes_only_train_epochs_keeps_its_schedule(tmp_pat
     train.run(cfg_of({**text_run(root), "train.steps": 8, "train.epochs": 3, "checkpoint.resume": "auto"}, run_dir))
     out = capsys.readouterr().out
     assert "resumed from" in out and "re-planned" not in out, out
+
+
+# -- nothing lost, nothing silently wrong (issue 43's hostile cases) ---------------------------------------------------
+def refused(capsys, values: dict, run_dir: Path) -> tuple[int, str]:
+    """train.py's exit code and stderr for a launch of `values` into `run_dir`."""
+    capsys.readouterr()
+    code = train.main(["--set", *sets({**values, "run.out_dir": str(run_dir)})])
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("eval_every", [20, 0])
+def test_a_text_resume_that_changes_eval_every_is_refused_in_one_line(tmp_path, capsys, eval_every):
+    """Each period draws its windows from train.eval_every: a resume at another period length would skip steps."""
+    root, run_dir = token_folder(tmp_path / "tokens", 50), tmp_path / "run"
+    values = {**text_run(root), "train.steps": 40, "train.eval_every": 10}
+    train.run(cfg_of({**values, "train.max_steps": 20}, run_dir))
+    code, err = refused(capsys, {**values, "checkpoint.resume": "auto", "train.eval_every": eval_every}, run_dir)
+    assert code == 2 and len(err.splitlines()) == 1 and "train.eval_every: 10 -> " in err, err
+    assert checkpoint.load(run_dir / "last.pt")["step"] == 20
+
+
+def test_a_fresh_run_leaves_the_users_tmp_files_in_its_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "cache.tmp").mkdir(parents=True)
+    (run_dir / "draft.tmp").write_text("mine")
+    train.run(cfg_of({**TINY, "train.epochs": 1}, run_dir))
+    assert (run_dir / "cache.tmp").is_dir() and (run_dir / "draft.tmp").read_text() == "mine"
+
+
+def test_a_resume_removes_the_temporary_files_a_killed_run_left_and_only_those(tmp_path):
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**TINY, "train.max_steps": 3}, run_dir))
+    stale = [run_dir / "ckpt-00000006.pt.tmp", run_dir / "last.pt.tmp", run_dir / "metrics.jsonl.tmp"]
+    for path in stale:
+        path.write_bytes(b"half")
+    (run_dir / "ckpt-00000009.tmp").mkdir()  # a sharded checkpoint's folder, half written
+    (run_dir / "notes.tmp").write_text("mine")
+    train.run(cfg_of({**TINY, "checkpoint.resume": "auto"}, run_dir))
+    assert not any(p.exists() for p in [*stale, run_dir / "ckpt-00000009.tmp"]) and (run_dir / "notes.tmp").exists()
+
+
+def test_a_run_folder_inside_data_root_is_refused(tmp_path, capsys):
+    root = token_folder(tmp_path / "tokens", 50)
+    for out in (root, root / "runs" / "gpt"):
+        code, err = refused(capsys, text_run(root), out)
+        assert code == 2 and len(err.splitlines()) == 1 and "data.root" in err, err
+    assert sorted(p.name for p in root.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_resuming_onto_a_training_split_of_another_size_is_one_line_exit_1(tmp_path, capsys):
+    root, run_dir = token_folder(tmp_path / "tokens", 50), tmp_path / "run"
+    train.run(cfg_of({**text_run(root), "train.steps": 8, "train.max_steps": 4}, run_dir))
+    ids = np.fromfile(root / "train.bin", dtype=np.uint16)
+    ids[:2000].tofile(root / "train.bin")
+    code, err = refused(capsys, {**text_run(root), "train.steps": 8, "checkpoint.resume": "auto"}, run_dir)
+    assert code == 1 and len(err.splitlines()) == 1 and "samples" in err and "Traceback" not in err, err
+
+
+def test_an_old_checkpoint_that_cannot_be_removed_is_a_warning_and_the_run_finishes(tmp_path, capsys, monkeypatch):
+    remove = checkpoint._remove
+
+    def refuse_step_3(path: Path) -> None:
+        if path.name == "ckpt-00000003.pt":
+            raise PermissionError(1, "Operation not permitted", str(path))
+        remove(path)
+
+    monkeypatch.setattr(checkpoint, "_remove", refuse_step_3)
+    result = train.run(cfg_of(TINY, tmp_path / "run"))
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert result["step"] == STEPS and "test_acc" in result
+    assert warnings and all("ckpt-00000003.pt" in w and "is intact" in w for w in warnings), warnings
+
+
+def test_more_evaluation_windows_than_the_split_holds_is_one_line_exit_1(tmp_path, capsys):
+    root = token_folder(tmp_path / "tokens", 50)  # a validation split of 500 tokens: 484 windows of 16
+    code, err = refused(capsys, {**text_run(root), "data.eval_windows": 100_000_000}, tmp_path / "run")
+    assert code == 1 and len(err.splitlines()) == 1 and "data.eval_windows=100,000,000" in err and "484" in err, err
+    assert not (tmp_path / "run").exists()
