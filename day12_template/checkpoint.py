@@ -2,12 +2,12 @@
 
 A run folder holds `ckpt-<step>.pt` files (the newest `keep_last`), `last.pt` (the newest) and `best.pt` (lowest
 validation loss); the two names are hard links to step files, so naming costs no second write. Order at the end of
-an evaluation period: write `ckpt-N.pt` atomically -> link `last.pt` -> prune old files -> evaluate -> link
-`best.pt` to it (`link_best`, if N is the best). A kill anywhere leaves `last.pt` complete; `best.pt` then holds the best
-step that `last.pt` records, or N, whose evaluation a resume from `last.pt` does again (and re-links it). Every
-checkpoint records which step is the best, and `repair_best` re-links `best.pt` from that record on resume, so even
-a folder left inconsistent by other code heals. A resume into another folder copies
-the best checkpoint from the folder it resumes from; if no file holds it any more, the final test uses the last weights.
+an evaluation period: write `ckpt-N.pt` atomically -> link `last.pt` -> prune old files -> evaluate -> link `best.pt`
+to it (`link_best`, if N is the best). A kill anywhere leaves `last.pt` complete; `best.pt` then holds the best step
+that `last.pt` records, or N, whose evaluation a resume from `last.pt` does again (and re-links it). Every checkpoint
+records which step is the best, and `repair_best` re-links `best.pt` from that record on resume, so even a folder
+left inconsistent by other code heals. A resume into another folder copies the best checkpoint from the folder it
+resumes from; if no file holds it any more, the final test uses the last weights.
 
 A *sharded* checkpoint (checkpoint.format, the default under FSDP) is a folder `ckpt-<step>/` instead: every rank
 writes its own shard of the model and AdamW state through torch.distributed.checkpoint (DCP), rank 0 adds `meta.pt`
@@ -266,7 +266,8 @@ class ShardedSave:
 
 
 # The temporary names this template writes in a run folder: a checkpoint file or sharded folder, a link, a log file.
-TEMPORARY = re.compile(r"(ckpt-\d{8}(\.pt|\.\d+)?|last\.pt|best\.pt|config\.toml|run\.json|metrics\.jsonl|meta\.json)\.tmp")
+TEMPORARY = re.compile(r"(ckpt-\d{8}(\.pt|\.\d+)?|last\.pt|best\.pt|config\.toml|run\.json|metrics\.jsonl|meta\.json)"
+                       r"\.tmp")
 
 
 def clean_stale_tmp(run_dir: Path) -> list[Path]:
