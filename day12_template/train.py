@@ -323,27 +323,28 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             return
         payload = {**meta, "model": distributed.model_state(model, d),
                    "optimizer": distributed.optimizer_state(model, optimizer, d)}
+
+        def write() -> None:
+            log.flush()
+            checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last)
+
+        written_by_rank0(write)
+
+    def written_by_rank0(write) -> None:
+        """`write()` on rank 0; its failure stops every rank together with its message (none waits forever)."""
         error = None
         if d.is_main:
             try:
-                log.flush()
-                checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last)
-            except (checkpoint.CheckpointError, OSError) as exc:  # OSError: the log's fsync, an old checkpoint's unlink
+                write()
+            except (checkpoint.CheckpointError, OSError) as exc:  # OSError: the log's fsync, a link
                 error = str(exc)
-        if error := d.gather(error)[0]:  # every rank fails together; none waits forever
+        if error := d.gather(error)[0]:
             raise checkpoint.CheckpointError(error)
 
     def mark_best() -> None:
         """best.pt points at this step's checkpoint: the one saved before the evaluation that found it best."""
         saved()
-        error = None
-        if d.is_main:
-            try:
-                checkpoint.link_best(run_dir, progress.step)
-            except checkpoint.CheckpointError as exc:
-                error = str(exc)
-        if error := d.gather(error)[0]:
-            raise checkpoint.CheckpointError(error)
+        written_by_rank0(functools.partial(checkpoint.link_best, run_dir, progress.step))
 
     def stop_here() -> None:
         """Every rank stops after the same step, once its checkpoint is complete: the run resumes from there."""
