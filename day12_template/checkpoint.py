@@ -145,6 +145,15 @@ def copy(src: Path, dst: Path) -> None:
         raise CheckpointError(f"could not copy {src} to {dst} ({_reason(exc)}); is the disk full?") from None
 
 
+def intact(run_dir: Path) -> str:
+    """Which checkpoint a failed write left intact, for its message."""
+    last = Path(run_dir) / "last.pt"
+    step = step_of(last)
+    if step is None:
+        return "no checkpoint of this run was written yet"
+    return f"the newest checkpoint, {last} (step {step}), is intact: resume from it with checkpoint.resume=auto"
+
+
 def step_name(step: int, sharded: bool) -> str:
     return f"ckpt-{step:08d}" if sharded else f"ckpt-{step:08d}.pt"
 

@@ -1,8 +1,11 @@
 """What a run leaves behind besides checkpoints, written by rank 0 only: the effective config (`config.toml`), run
 metadata (`run.json`: one entry per launch), `metrics.jsonl`, the tracker's copy of the metrics (`run.tracker`:
-TensorBoard scalars in `tb/` or an MLflow store in `mlruns/`), and the progress display.
+TensorBoard scalars in `tb/` or an MLflow store in `mlruns/`), and the progress display. A file that cannot be
+written (a full disk, a permission) ends the run with one line (LogError) naming it and the intact checkpoint.
 """
+import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -17,8 +20,13 @@ from pathlib import Path
 
 import torch
 
+import checkpoint
 import config as config_mod
 from signals import Stopped
+
+
+class LogError(RuntimeError):
+    """A log file cannot be written; the message names it and says which checkpoint is intact."""
 
 
 def git_commit(folder: Path) -> str | None:
@@ -50,10 +58,16 @@ def metadata(device: torch.device, world: int, resumed_from: str | None) -> dict
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """A kill leaves the old file or the new one, never half of it."""
+    """A kill leaves the old file or the new one, never half of it; a failure leaves no temporary file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def pyplot():
@@ -213,39 +227,55 @@ class RunLog:
     def __init__(self, run_dir: Path, cfg, active: bool, start_step: int, meta: dict, evaluation_due: bool = False):
         self.run_dir, self.active, self.cfg, self.bar, self.closed = Path(run_dir), active, cfg, None, False
         self.tb = self.mlflow = None
+        self.broken = False  # a write failed: close() then writes nothing more
         if not active:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.run_dir / "config.toml", config_mod.dump_toml(cfg))
+        with self.writing(self.run_dir / "config.toml"):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.run_dir / "config.toml", config_mod.dump_toml(cfg))
         launches = previous_launches(self.run_dir / "run.json") if start_step else []
         kept = kept_records(self.run_dir, start_step, evaluation_due)
-        write_atomic(self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
-        self.metrics = open(self.run_dir / "metrics.jsonl", "a")
+        with self.writing(self.run_dir / "metrics.jsonl"):
+            write_atomic(self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+            self.metrics = open(self.run_dir / "metrics.jsonl", "a")
         if cfg.run.tracker == "tensorboard":
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
                 # Readers drop the points from start_step on: those kept there are logged again
-                self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step)
+                with self.writing(self.run_dir / "tb"):
+                    self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step)
                 for record in kept:
                     if record["step"] == start_step:
                         self.add_scalars(record["kind"], record["step"], record)
             except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
                 pass
         elif cfg.run.tracker == "mlflow":
-            self.mlflow = MlflowRun(self.run_dir, meta, launches, kept, start_step)
+            with self.writing(self.run_dir / "mlruns"):
+                self.mlflow = MlflowRun(self.run_dir, meta, launches, kept, start_step)
             if self.mlflow.note:
                 self.say(self.mlflow.note)
             meta = {**meta, "mlflow_run_id": self.mlflow.run_id}  # what the next resume continues
-        write_atomic(self.run_dir / "run.json", json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
+        with self.writing(self.run_dir / "run.json"):
+            write_atomic(self.run_dir / "run.json", json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
+
+    @contextlib.contextmanager
+    def writing(self, path: Path):
+        """A file-system error inside becomes one LogError naming `path` and the checkpoint that is intact."""
+        try:
+            yield
+        except OSError as exc:
+            self.broken = True
+            raise LogError(f"cannot write {path} ({exc.strerror or exc}); {checkpoint.intact(self.run_dir)}") from None
 
     def record(self, kind: str, step: int, **values) -> None:
         if not self.active:
             return
         if self.bar is not None and "loss" in values:
             self.bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}", refresh=False)
-        self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
-        self.metrics.flush()  # one write per line: a kill leaves at most one torn line, which readers skip
+        with self.writing(self.run_dir / "metrics.jsonl"):
+            self.metrics.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+            self.metrics.flush()  # one write per line: a kill leaves at most one torn line, which readers skip
         if self.tb:
             self.add_scalars(kind, step, values)
         if self.mlflow:
@@ -258,12 +288,15 @@ class RunLog:
     def flush(self) -> None:
         """Make the logs durable up to now (before each checkpoint, so they never lag it after a kill)."""
         if self.active:
-            self.metrics.flush()
-            os.fsync(self.metrics.fileno())
+            with self.writing(self.run_dir / "metrics.jsonl"):
+                self.metrics.flush()
+                os.fsync(self.metrics.fileno())
             if self.tb:
-                self.tb.flush()
+                with self.writing(self.run_dir / "tb"):
+                    self.tb.flush()
             if self.mlflow:
-                self.mlflow.flush()
+                with self.writing(self.mlflow.store):
+                    self.mlflow.flush()
 
     def epoch_bar(self, label: str, total: int, done: int) -> None:
         """A tqdm bar for this evaluation period (`label`: "epoch 2/6"): on a terminal (progress=auto) or always
@@ -295,19 +328,32 @@ class RunLog:
     def close(self, status: str = "FINISHED") -> None:
         """Once; `status` is what MLflow's run list shows: FINISHED, KILLED (stopped by a signal or Ctrl-C) or
         FAILED."""
-        if self.active and not self.closed:
-            self.closed = True
-            self.end_epoch()
-            self.metrics.close()
-            if self.tb:
-                self.tb.close()
-            if self.mlflow:
-                self.mlflow.close(status)
+        if not self.active or self.closed:
+            return
+        self.closed = True
+        self.end_epoch()
+        closers = [(self.run_dir / "metrics.jsonl", self.metrics.close)]
+        if self.tb:
+            closers.append((self.run_dir / "tb", self.tb.close))
+        if self.mlflow:
+            closers.append((self.mlflow.store, functools.partial(self.mlflow.close, status)))
+        for path, close in closers:
+            if self.broken:  # the error that broke the log is being reported: close the rest without another
+                with contextlib.suppress(Exception):
+                    close()
+            else:
+                with self.writing(path):
+                    close()
 
     def ended(self, exc_type, exc, traceback) -> None:
-        """An ExitStack exit callback (train.py pushes it): close with the status the run ended with."""
+        """An ExitStack exit callback (train.py pushes it): close with the status the run ended with. Ending on an
+        error, a failing close is not reported over it."""
         stopped = exc_type is not None and issubclass(exc_type, (Stopped, KeyboardInterrupt))
-        self.close("FINISHED" if exc_type is None else "KILLED" if stopped else "FAILED")
+        try:
+            self.close("FINISHED" if exc_type is None else "KILLED" if stopped else "FAILED")
+        except LogError:
+            if exc_type is None:
+                raise
 
 
 def profiler(cfg, run_dir: Path, enabled: bool, closing):

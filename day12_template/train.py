@@ -11,7 +11,7 @@ models alike: the data says what it is, the task (tasks.py) turns the model's ou
 
 The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/ (or mlruns/: run.tracker), ckpt-*.pt,
 last.pt, best.pt and run.lock.
-Exit codes: 0 done; 1 error (data, checkpoint, non-finite loss, out of memory); 2 bad config (nothing written);
+Exit codes: 0 done; 1 error (data, checkpoint, a log file, non-finite loss, out of memory); 2 bad config (nothing written);
 143 / 130 stopped by SIGTERM / SIGINT after writing last.pt (resume with checkpoint.resume=auto).
 """
 import os
@@ -336,7 +336,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         if d.is_main:
             try:
                 write()
-            except (checkpoint.CheckpointError, OSError) as exc:  # OSError: the log's fsync, a link
+            except (checkpoint.CheckpointError, runlog.LogError, OSError) as exc:  # the logs' flush, a link
                 error = str(exc)
         if error := d.gather(error)[0]:
             raise checkpoint.CheckpointError(error)
@@ -485,7 +485,7 @@ def main(argv=None, hooks: list[Hook] = ()) -> int:
         if rank == 0:
             print(exc, file=sys.stderr)
         return exc.code
-    except (data.DataError, checkpoint.CheckpointError, NonFinite) as exc:
+    except (data.DataError, checkpoint.CheckpointError, runlog.LogError, NonFinite) as exc:
         print(f"error{f' (rank {rank})' if rank else ''}: {exc}", file=sys.stderr)
         return 1
     return 0

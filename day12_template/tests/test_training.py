@@ -1,6 +1,7 @@
 """The training loop's contract, one behaviour per test: each task trains end to end, a bad config is refused with
 exit 2 naming the field before anything is written, a non-finite loss stops the run before its step, and a corrupt,
 truncated or foreign checkpoint is refused in one line."""
+import errno
 import json
 import os
 import random
@@ -282,3 +283,56 @@ def test_more_evaluation_windows_than_the_split_holds_is_one_line_exit_1(tmp_pat
     code, err = refused(capsys, {**text_run(root), "data.eval_windows": 100_000_000}, tmp_path / "run")
     assert code == 1 and len(err.splitlines()) == 1 and "data.eval_windows=100,000,000" in err and "484" in err, err
     assert not (tmp_path / "run").exists()
+
+
+class FullDisk:
+    """metrics.jsonl opened for appending, whose every write fails with ENOSPC: the disk filled during the run."""
+
+    def __init__(self, path, mode="r", *args, **kwargs):
+        self.file = open(path, mode, *args, **kwargs)
+        self.full = Path(path).name == "metrics.jsonl" and "a" in mode
+
+    def write(self, text):
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.file.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __iter__(self):
+        return iter(self.file)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def refuse_metrics_rename(monkeypatch) -> None:
+    """os.replace onto metrics.jsonl fails with EACCES: the file cannot be written (a read-only mount, another user's)."""
+    replace = os.replace
+
+    def refusing(src, dst, *args, **kwargs):
+        if Path(dst).name == "metrics.jsonl":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dst))
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", refusing)
+
+
+@pytest.mark.parametrize("fault", ["disk full mid-run", "permission denied at start"])
+def test_a_log_file_that_cannot_be_written_is_one_line_naming_it_and_the_intact_checkpoint(fault, tmp_path, capsys,
+                                                                                            monkeypatch):
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**TINY, "train.max_steps": 6}, run_dir))
+    if fault == "disk full mid-run":
+        monkeypatch.setattr(runlog, "open", FullDisk, raising=False)
+    else:
+        refuse_metrics_rename(monkeypatch)
+    code, err = refused(capsys, {**TINY, "checkpoint.resume": "auto"}, run_dir)
+    monkeypatch.undo()
+    assert code == 1 and len(err.splitlines()) == 1 and str(run_dir / "metrics.jsonl") in err, err
+    assert f"{run_dir / 'last.pt'} (step 6), is intact" in err, err
+    assert list(run_dir.glob("*.tmp")) == [] and checkpoint.load(run_dir / "last.pt")["step"] == 6
