@@ -31,7 +31,7 @@ import config
 import data
 import distributed
 
-FORMAT = "day12-template/2"  # 2: a config table per model, the task's metrics
+FORMAT = "day12-template/3"  # 2: a config table per model, the task's metrics; 3: the run's id, its data's fingerprint
 
 
 class CheckpointError(RuntimeError):
@@ -325,6 +325,9 @@ def load(path, mmap: bool = False) -> dict:
     except Exception as exc:  # truncated zip, bad pickle, forbidden global
         raise CheckpointError(f"checkpoint {path} is unreadable (truncated, corrupted or not a weights-only "
                               f"checkpoint): {_reason(exc)}") from None
+    if isinstance(ckpt, dict) and str(ckpt.get("format")).startswith("day12-template/") and ckpt["format"] != FORMAT:
+        raise CheckpointError(f"{path} was written by another version of this template (format {ckpt['format']!r}; "
+                              f"this one reads {FORMAT!r}): finish its run with the template that wrote it")
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint of this template (no format={FORMAT!r} entry)")
     return ckpt

@@ -160,6 +160,9 @@ class Checkpoint:
     every_steps: int = opt(0, "also checkpoint every N optimizer steps, not only after evaluations (0 = off): what "
                            "a kill can cost", ge=0, safe=True)
     keep_last: int = opt(3, "step checkpoints kept besides best.pt; older ones are deleted", ge=1, safe=True)
+    accept_new_data: bool = opt(False, "resume although the data differs from the checkpoint's (its fingerprint: "
+                                "each split's size and content hash), e.g. continued pre-training on new text; "
+                                "run.json records it", safe=True)
     format: str = opt("auto", "full: one file, gathered on rank 0 | sharded: a folder where every rank writes its "
                       "own shard (torch.distributed.checkpoint), loadable at any world size | auto: sharded under "
                       "FSDP (no rank holds the whole model), else full", choices=("auto", "full", "sharded"),

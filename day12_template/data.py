@@ -107,13 +107,18 @@ def register(name: str, task: str):
 
 
 class BatchData:
-    """Interface: `len(ds)` samples, `ds.batch(epoch, indices) -> (x float32 (B,C,H,W), y int64 (B,))`."""
+    """Interface: `len(ds)` samples, `ds.batch(epoch, indices) -> (x float32 (B,C,H,W), y int64 (B,))`, and what a
+    resume checks is unchanged, `ds.content()` (see `fingerprint`)."""
 
     def __len__(self) -> int:
         raise NotImplementedError
 
     def batch(self, epoch: int, indices: torch.Tensor):
         raise NotImplementedError
+
+    def content(self) -> list:
+        """Tensors, arrays or bytes that change when the samples do; [] (this default): only the size is compared."""
+        return []
 
 
 class TensorData(BatchData):
@@ -125,6 +130,9 @@ class TensorData(BatchData):
 
     def __len__(self) -> int:
         return len(self.y)
+
+    def content(self) -> list:
+        return [self.x, self.y]
 
     def batch(self, epoch, indices):
         x = self.x[indices]
@@ -225,6 +233,14 @@ class ImageFolderData(BatchData):
     def __len__(self) -> int:
         return len(self.files)
 
+    def content(self) -> list:
+        """Each image's class and name, and the bytes of up to SAMPLED_FILES images spread over the list: a folder
+        rewritten or replaced changes them; a few edited images may not (reading every file of a large folder at
+        each launch would cost minutes)."""
+        names = "\n".join(f"{label}\t{f.parent.name}/{f.name}" for f, label in zip(self.files, self.y.tolist()))
+        picks = np.unique(np.linspace(0, len(self.files) - 1, min(SAMPLED_FILES, len(self.files))).astype(np.int64))
+        return [names.encode(), *(self.files[i].read_bytes() for i in picks)]
+
     def load(self, i: int):
         from PIL import Image
 
@@ -246,6 +262,7 @@ class ImageFolderData(BatchData):
         return torch.stack(xs), self.y[indices]
 
 
+SAMPLED_FILES = 256  # images whose bytes an image folder's fingerprint reads
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
 
 
@@ -321,6 +338,53 @@ def build(cfg, seed: int) -> Splits:
     return splits
 
 
+# -- what a resume checks: the data is the checkpoint's ----------------------------------------------------------
+WHOLE, BLOCKS, BLOCK = 64 << 20, 256, 256 << 10  # parts up to 64 MiB are hashed whole; larger: 256 blocks of 256 KiB
+
+
+def digest(parts: list) -> str:
+    """SHA-256 over the parts' bytes (tensors, arrays, bytes) and sizes. A part up to 64 MiB is hashed whole
+    (MNIST's training images: ~25 ms); a larger one, a token file of billions, by 256 blocks of 256 KiB spread
+    evenly over it (64 MiB read, ~40 ms): a rewrite, a reordering or another file changes them; a few edited tokens
+    between the blocks may not."""
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            part = part.contiguous().numpy()
+        raw = np.frombuffer(part, np.uint8) if isinstance(part, bytes) else np.ascontiguousarray(part).reshape(-1)
+        raw = raw.view(np.uint8)
+        h.update(f"{raw.nbytes};".encode())
+        if raw.nbytes <= WHOLE:
+            h.update(raw)
+            continue
+        for start in np.linspace(0, raw.nbytes - BLOCK, BLOCKS).astype(np.int64):
+            h.update(raw[start:start + BLOCK])
+    return h.hexdigest()
+
+
+def fingerprint(splits: Splits) -> dict:
+    """{split: {"samples": n, "sha256": digest of its content()}}: what every checkpoint records of its data."""
+    return {name: {"samples": len(split), "sha256": digest(split.content())}
+            for name in ("train", "val", "test") if (split := getattr(splits, name)) is not None}
+
+
+def changes(saved: dict, now: dict) -> dict[str, str]:
+    """{split: how it differs from the one a checkpoint recorded (`fingerprint`s), in words}; {} if none does."""
+    out = {}
+    for name in ("train", "val", "test"):
+        was, new = saved.get(name), now.get(name)
+        if was == new:
+            continue
+        if was is None or new is None:
+            out[name] = f"the {name} split {'appeared' if was is None else 'is gone'}"
+        elif was["samples"] != new["samples"]:
+            out[name] = f"the {name} split has {new['samples']:,} samples, the checkpoint's had {was['samples']:,}"
+        else:
+            out[name] = (f"the {name} split's content changed (the same {new['samples']:,} samples, SHA-256 "
+                         f"{was['sha256'][:12]} -> {new['sha256'][:12]})")
+    return out
+
+
 SIZES = ("vocab_size", "num_classes")  # set by the data's files, not the config: a new data.root may change them
 
 
@@ -351,7 +415,8 @@ class ResumableSampler(Sampler):
     s of an epoch uses order[s*B : (s+1)*B] (B = global batch) whatever the world size: each of its grad_accum
     micro-slots holds world x micro samples, and rank r takes its contiguous share. The whole state is (epoch,
     position): the loop advances `position` by B after each optimizer step, so prefetching cannot skip or replay a
-    sample, and a checkpoint from 2 ranks resumes on 1 (or 8) at the same sample."""
+    sample, and a checkpoint from 2 ranks resumes on 1 (or 8) at the same sample. A resume on new data
+    (checkpoint.accept_new_data) keeps its epoch and position, over the new samples."""
 
     def __init__(self, n: int, batch_size: int, micro: int, rank: int, world: int, seed: int, draws: int = 0):
         self.n, self.batch_size, self.micro, self.rank, self.world, self.seed = n, batch_size, micro, rank, world, seed
@@ -390,10 +455,10 @@ class ResumableSampler(Sampler):
                 "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        if (state["n"], state["batch_size"]) != (self.n, self.batch_size):
-            raise ValueError(f"the checkpoint's sampler covered {state['n']} samples in batches of "
-                             f"{state['batch_size']}; this run has {self.n} in batches of {self.batch_size}")
-        self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
+        if state["batch_size"] != self.batch_size:
+            raise ValueError(f"the checkpoint's sampler drew batches of {state['batch_size']}, not {self.batch_size}")
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        self.position = min(state["position"], self.steps_per_epoch * self.batch_size)  # fewer new images: epoch ends
 
 
 def eval_keys(n: int, batch: int, rank: int, world: int) -> tuple[list, list[float]]:

@@ -1,5 +1,5 @@
 """What a run leaves behind besides checkpoints, written by rank 0 only: the effective config (`config.toml`), run
-metadata (`run.json`: one entry per launch), `metrics.jsonl`, the tracker's copy of the metrics (`run.tracker`:
+metadata (`run.json`: the run's id, one entry per launch), `metrics.jsonl`, the tracker's copy of the metrics (`run.tracker`:
 TensorBoard scalars in `tb/` or an MLflow store in `mlruns/`), and the progress display. A file that cannot be
 written (a full disk, a permission) ends the run with one line (LogError) naming it and the intact checkpoint.
 """
@@ -16,6 +16,7 @@ import sys
 import time
 import tomllib
 import types
+import uuid
 from pathlib import Path
 
 import torch
@@ -99,6 +100,31 @@ def previous_launches(path: Path) -> list[dict]:
         return json.loads(path.read_text())["launches"]
     except (OSError, ValueError, KeyError):
         return []
+
+
+def run_id(run_dir: Path) -> str | None:
+    """The id of the run whose folder this is, as run.json records it (None: no run.json, or no id in it)."""
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text())["run_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def identity(run_dir: Path, ckpt: dict | None, source: Path | None, auto: bool) -> tuple[str, str | None]:
+    """(this launch's run id, the run it continues if that is another one). A fresh run draws a new id; a resume
+    keeps its folder's (run.json: none in a new folder, then a new one); every checkpoint records it. Under
+    checkpoint.resume=auto a last.pt of another run (copied over this folder's) is refused (ConfigError); a
+    checkpoint named by its path may be another run's (continued on purpose)."""
+    if ckpt is None:
+        return uuid.uuid4().hex, None
+    mine, theirs = run_id(run_dir), ckpt["run_id"]
+    if mine == theirs or (mine is None and auto):  # auto without run.json: this folder's last.pt, its log lost
+        return theirs, None
+    if auto:
+        raise config_mod.ConfigError(
+            f"refusing to resume: {source} is a checkpoint of another run ({theirs}), not of this folder's run "
+            f"({mine}, run.json). To continue from it on purpose, name it: --set checkpoint.resume={source}")
+    return mine or uuid.uuid4().hex, theirs
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -224,7 +250,8 @@ def kept_records(run_dir: Path, start_step: int, evaluation_due: bool) -> list[d
 class RunLog:
     """Rank 0's files and screen; on other ranks every method does nothing."""
 
-    def __init__(self, run_dir: Path, cfg, active: bool, start_step: int, meta: dict, evaluation_due: bool = False):
+    def __init__(self, run_dir: Path, cfg, active: bool, start_step: int, meta: dict, evaluation_due: bool = False,
+                 run_id: str | None = None):
         self.run_dir, self.active, self.cfg, self.bar, self.closed = Path(run_dir), active, cfg, None, False
         self.tb = self.mlflow = None
         self.broken = False  # a write failed: close() then writes nothing more
@@ -257,7 +284,8 @@ class RunLog:
                 self.say(self.mlflow.note)
             meta = {**meta, "mlflow_run_id": self.mlflow.run_id}  # what the next resume continues
         with self.writing(self.run_dir / "run.json"):
-            write_atomic(self.run_dir / "run.json", json.dumps({"launches": launches + [meta]}, indent=2) + "\n")
+            write_atomic(self.run_dir / "run.json",
+                         json.dumps({"run_id": run_id, "launches": launches + [meta]}, indent=2) + "\n")
 
     @contextlib.contextmanager
     def writing(self, path: Path):

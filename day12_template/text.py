@@ -63,6 +63,10 @@ class TokenData:
     def __len__(self) -> int:
         return len(self.tokens) - self.block_size if self.starts is None else len(self.starts)
 
+    def content(self) -> list:
+        """What the data's fingerprint hashes (data.fingerprint): the token stream."""
+        return [self.tokens]
+
     def batch(self, epoch: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The windows at `indices` (epoch is unused: text windows have no augmentation), gathered by torch from
         the tokens in place: no copy of the stream, no round trip through NumPy."""

@@ -203,17 +203,24 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     run_dir, device, tc = Path(cfg.run.out_dir), d.device, cfg.train
     on_rank0(d, runlock.check, run_dir)  # a live run in that folder: refused first, before any work
     resume, ckpt = checkpoint.resume_source(cfg)
+    run_id, continued_run = runlog.identity(run_dir, ckpt, resume, cfg.checkpoint.resume == "auto")
+    run_id = d.gather(run_id)[0]  # a fresh run's id, drawn on rank 0
     seed_everything(cfg.run.seed, cfg.run.deterministic)
     splits = data.build(cfg.data, cfg.run.seed)
     for hook in hooks:
         splits = hook.data(splits)
     task = tasks.for_data(splits.info)
     model = build_model(cfg, splits.info, d)
+    fingerprint = data.fingerprint(splits)  # each split's size and content hash: every checkpoint records it
+    data_changes = data.changes(ckpt["data"], fingerprint) if ckpt else {}  # split -> how it changed
     if ckpt:  # data.root may change on resume: data of another vocabulary is a conflicting resume (exit 2)
         try:
             checkpoint.check_fits(model, ckpt, resume, splits.info, cfg.data)
         except checkpoint.CheckpointError as exc:
             raise config.ConfigError(f"refusing to resume: {exc}") from None
+        if data_changes and not cfg.checkpoint.accept_new_data:
+            raise data.DataError(f"refusing to resume from {resume}: {'; '.join(data_changes.values())}. To train "
+                                 f"on the new data on purpose, add --set checkpoint.accept_new_data=true")
     elif cfg.checkpoint.init_from:
         checkpoint.load_weights(model, cfg.checkpoint.init_from, splits.info, cfg.data)
     if d.enabled:
@@ -243,11 +250,10 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         restore(model, optimizer, ckpt, d)
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
-        try:
-            sampler.load_state_dict(ckpt["sampler"])
-        except ValueError as exc:  # the training split changed size since the checkpoint
-            raise data.DataError(f"cannot resume from {resume}: {exc}") from None
+        sampler.load_state_dict(ckpt["sampler"])
         progress = Progress.of(ckpt)
+        if "val" in data_changes:  # its losses were measured on other data: not comparable
+            progress.best, progress.bad_evals = Progress().best, 0
         if ckpt["world_size"] == d.world:  # last: nothing may draw from the RNGs before the next step
             checkpoint.set_rng_state(ckpt["rng"][d.rank], device)
     # A checkpoint at a period's end (or the run's) was written before that period's evaluation: a resume from it
@@ -266,8 +272,12 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             print(f"warning: {warning}", file=sys.stderr)
         if vocabulary := data.kept_vocabulary(cfg.data):  # the run folder alone decodes its samples (sample.py)
             runlog.write_atomic(run_dir / "meta.json", vocabulary)
-    log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step,
-                        runlog.metadata(device, d.world, str(resume.resolve()) if resume else None), evaluation_due)
+    meta = runlog.metadata(device, d.world, str(resume.resolve()) if resume else None)
+    if continued_run:
+        meta["continued_run"] = continued_run
+    if data_changes:
+        meta["data_changed"] = list(data_changes.values())
+    log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step, meta, evaluation_due, run_id)
     closing.push(log.ended)
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
             f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if tc.steps else 'samples'}) | "
@@ -284,6 +294,12 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             resumed += f"; step {progress.step} is past the {total_steps} planned: nothing more to train"
         if evaluation_due:
             resumed += f"; the evaluation at step {progress.step}, which its checkpoint came before, is done again"
+        if continued_run:
+            resumed += f"; a checkpoint of another run ({continued_run}), continued as this folder's run {run_id}"
+        if data_changes:
+            resumed += f"; on new data (checkpoint.accept_new_data): {'; '.join(data_changes.values())}"
+            if "val" in data_changes:
+                resumed += "; the best validation loss so far is forgotten (it was measured on other data)"
         log.say(resumed)
         if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt, resume)):
             log.say(note)
@@ -309,8 +325,9 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         Sharded: every rank writes its own shard of model and optimizer; rank 0 writes the rest beside them; with
         checkpoint.async_save the writing goes on in the background; the first step at which every rank's files are
         written (or the next save, or the end) completes it. last.pt then points at it."""
-        meta = {"format": checkpoint.FORMAT, **dataclasses.asdict(progress), "config": config.to_dict(cfg),
-                "world_size": d.world, "info": {"task": task.name, **dataclasses.asdict(splits.info)},
+        meta = {"format": checkpoint.FORMAT, "run_id": run_id, **dataclasses.asdict(progress),
+                "config": config.to_dict(cfg), "data": fingerprint, "world_size": d.world,
+                "info": {"task": task.name, **dataclasses.asdict(splits.info)},
                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "sampler": sampler.state_dict(),
                 "rng": d.gather(checkpoint.rng_state(device)), "rank_steps": d.gather(progress.step)}
         if sharded:  # log.flush: the logs reach the disk before the checkpoint that vouches for them

@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -336,3 +337,85 @@ def test_a_log_file_that_cannot_be_written_is_one_line_naming_it_and_the_intact_
     assert code == 1 and len(err.splitlines()) == 1 and str(run_dir / "metrics.jsonl") in err, err
     assert f"{run_dir / 'last.pt'} (step 6), is intact" in err, err
     assert list(run_dir.glob("*.tmp")) == [] and checkpoint.load(run_dir / "last.pt")["step"] == 6
+
+
+def test_a_last_pt_of_another_run_is_refused_under_resume_auto_and_allowed_when_named(tmp_path, capsys):
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    for run_dir in (mine, other):
+        train.run(cfg_of({**TINY, "train.max_steps": 6}, run_dir))
+    records = (mine / "metrics.jsonl").read_text()
+    shutil.copyfile(other / "last.pt", mine / "last.pt")  # as `cp other/last.pt mine/last.pt` does
+    code, err = refused(capsys, {**TINY, "checkpoint.resume": "auto"}, mine)
+    assert code == 2 and len(err.splitlines()) == 1 and "another run" in err, err
+    assert f"checkpoint.resume={mine / 'last.pt'}" in err and (mine / "metrics.jsonl").read_text() == records, err
+    code, _ = refused(capsys, {**TINY, "checkpoint.resume": str(mine / "last.pt")}, mine)
+    launch = json.loads((mine / "run.json").read_text())["launches"][-1]
+    assert code == 0 and launch["continued_run"] == checkpoint.load(other / "last.pt")["run_id"], launch
+
+
+def image_folder(root: Path) -> Path:
+    """train/<class>/<image>.png: two classes of eight 8x8 grey images, pixels drawn from a seeded generator."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label in ("a", "b"):
+        (root / "train" / label).mkdir(parents=True)
+        for i in range(8):
+            Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(root / "train" / label / f"{i}.png")
+    return root
+
+
+def image_run(root: Path) -> dict:
+    return {**TINY, "data.dataset": "imagefolder", "data.root": str(root), "data.channels": 1, "data.image_size": 8,
+            "data.val_size": 4, "train.batch_size": 4, "train.epochs": 2, "train.max_steps": 3}
+
+
+def invert_images(root: Path) -> None:
+    from PIL import Image, ImageOps
+
+    for path in sorted(root.glob("train/*/*.png")):
+        with Image.open(path) as img:
+            inverted = ImageOps.invert(img)
+        inverted.save(path)
+
+
+def reverse_train_bin(root: Path) -> None:
+    ids = np.fromfile(root / "train.bin", dtype=np.uint16)
+    ids[::-1].copy().tofile(root / "train.bin")
+
+
+def replace_val_bin(root: Path) -> None:
+    np.random.default_rng(7).integers(0, 50, 500, dtype=np.uint16).tofile(root / "val.bin")
+
+
+CHANGES = {  # what changed: (the data folder, its run, the change, the split it changes)
+    "train.bin reversed": (lambda p: token_folder(p, 50), lambda r: {**text_run(r), "train.steps": 8,
+                           "train.max_steps": 4}, reverse_train_bin, "train"),
+    "val.bin replaced": (lambda p: token_folder(p, 50), lambda r: {**text_run(r), "train.steps": 8,
+                         "train.max_steps": 4}, replace_val_bin, "val"),
+    "image pixels rewritten": (image_folder, image_run, invert_images, "train"),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_resume_onto_changed_data_is_refused_in_one_line_naming_the_split(change, tmp_path, capsys):
+    make, run, alter, split = CHANGES[change]
+    root, run_dir = make(tmp_path / "data"), tmp_path / "run"
+    train.run(cfg_of(run(root), run_dir))
+    alter(root)
+    code, err = refused(capsys, {**run(root), "train.max_steps": 0, "checkpoint.resume": "auto"}, run_dir)
+    assert code == 1 and len(err.splitlines()) == 1 and f"the {split} split" in err, err
+    assert "checkpoint.accept_new_data=true" in err, err
+
+
+def test_new_data_accepted_on_purpose_resumes_forgets_the_old_best_and_is_recorded(tmp_path, capsys):
+    root, run_dir = token_folder(tmp_path / "tokens", 50), tmp_path / "run"
+    values = {**text_run(root), "train.steps": 8, "train.eval_every": 4}
+    train.run(cfg_of({**values, "train.max_steps": 4}, run_dir))
+    replace_val_bin(root)
+    capsys.readouterr()
+    result = train.run(cfg_of({**values, "checkpoint.resume": "auto", "checkpoint.accept_new_data": True}, run_dir))
+    out = capsys.readouterr().out
+    launch = json.loads((run_dir / "run.json").read_text())["launches"][-1]
+    assert result["step"] == 8 and result["best_step"] == 8 and "the val split" in out, out
+    assert any("the val split" in change for change in launch["data_changed"]), launch
