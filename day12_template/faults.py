@@ -7,6 +7,8 @@ to train.py from outside its loop, as a `train.Hook`; run them through this file
     inf_grad_step=N               one gradient turns inf at optimizer step N (an fp16 overflow: the scaler skips)
     eval_fail_at=N                the evaluation after optimizer step N raises torch.OutOfMemoryError (what a too
                                   large evaluation batch does on a GPU)
+    eval_stop_at=N                SIGTERM to this process in the first forward of the evaluation after step N (a
+                                  scheduler's stop during a long evaluation)
     kill_between_links=N          SIGKILL this process between linking last.pt and best.pt, at the Nth best
     step_sleep=S                  sleep S seconds after each optimizer step (gives a signal time to land mid-run)
     stop_at=N                     SIGTERM to this process during step N, so the run stops after it (a
@@ -57,6 +59,7 @@ class Faults(train.Hook):
     nan_module: str = ""
     inf_grad_step: int = 0
     eval_fail_at: int = 0
+    eval_stop_at: int = 0
     kill_between_links: int = 0
     step_sleep: float = 0.0
     stop_at: int = 0
@@ -85,6 +88,8 @@ class Faults(train.Hook):
             next(model.parameters()).register_hook(self.inf_gradient(progress))
         if self.eval_fail_at:
             model.register_forward_pre_hook(self.failing_evaluation(progress))
+        if self.eval_stop_at:
+            model.register_forward_pre_hook(self.stop_in_evaluation(progress))
         if self.grad_syncs:
             count_grad_syncs(module, progress, self.grad_syncs)
         self.stop_if_next(progress)  # stop_at=1, or a resume that starts one step before it
@@ -114,6 +119,16 @@ class Faults(train.Hook):
             if not module.training and progress.step == self.eval_fail_at:
                 raise torch.OutOfMemoryError(f"fault drill: out of memory in the evaluation after step "
                                              f"{self.eval_fail_at}")
+        return hook
+
+    def stop_in_evaluation(self, progress):
+        """A forward pre-hook: SIGTERM in the first eval-mode forward after step `eval_stop_at`, once."""
+        sent = []
+
+        def hook(module, args):
+            if not module.training and progress.step == self.eval_stop_at and not sent:
+                sent.append(True)
+                signal.raise_signal(signal.SIGTERM)
         return hook
 
     def step(self, progress) -> None:

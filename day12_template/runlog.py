@@ -1,7 +1,8 @@
 """What a run leaves behind besides checkpoints, written by rank 0 only: the effective config (`config.toml`), run
-metadata (`run.json`: the run's id, one entry per launch), `metrics.jsonl`, the tracker's copy of the metrics (`run.tracker`:
-TensorBoard scalars in `tb/` or an MLflow store in `mlruns/`), and the progress display. A file that cannot be
-written (a full disk, a permission) ends the run with one line (LogError) naming it and the intact checkpoint.
+metadata (`run.json`: the run's id, one entry per launch), `metrics.jsonl`, the tracker's copy of the metrics
+(`run.tracker`: TensorBoard scalars in `tb/` or an MLflow store in `mlruns/`), and the progress display. A file that
+cannot be written (a full disk, a permission) ends the run with one line (LogError) naming it and the intact
+checkpoint.
 """
 import contextlib
 import datetime

@@ -2,10 +2,10 @@
 
 A handler only raises a flag. The training loop finishes the step, sums the flag over all ranks (so every rank stops
 after the same step), writes last.pt and raises `Stopped`; train.py exits with 128 + the signal number, as a shell
-reports a signal, so a scheduler can tell an interrupted run from a finished one. A stop that comes with the last
-step of an evaluation period (or of the run) waits for that period's evaluation and its checkpoint: a checkpoint
-never lies between a period's training and its evaluation, so the resumed run evaluates exactly what the
-uninterrupted one did.
+reports a signal, so a scheduler can tell an interrupted run from a finished one. During an evaluation (or with
+the last step of an evaluation period, or of the run) the flag is summed after each evaluation batch, and the run
+stops there: that step's checkpoint is written before its evaluation, so the resumed run evaluates it again, exactly
+as the uninterrupted one did, and a long evaluation delays a stop by one batch.
 """
 import signal
 

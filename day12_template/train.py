@@ -11,8 +11,8 @@ models alike: the data says what it is, the task (tasks.py) turns the model's ou
 
 The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/ (or mlruns/: run.tracker), ckpt-*.pt,
 last.pt, best.pt and run.lock.
-Exit codes: 0 done; 1 error (data, checkpoint, a log file, non-finite loss, out of memory); 2 bad config (nothing written);
-143 / 130 stopped by SIGTERM / SIGINT after writing last.pt (resume with checkpoint.resume=auto).
+Exit codes: 0 done; 1 error (data, checkpoint, a log file, non-finite loss, out of memory); 2 bad config (nothing
+written); 143 / 130 stopped by SIGTERM / SIGINT after writing last.pt (resume with checkpoint.resume=auto).
 """
 import os
 
@@ -125,8 +125,9 @@ def run_length(train: config.Train, sampler: data.ResumableSampler) -> tuple[int
 
 
 @torch.no_grad()
-def evaluate(model, task, loader, weights, device, autocast, d) -> dict:
-    """The task's metrics over every rank's share, in eval mode (dropout off, BatchNorm's running statistics)."""
+def evaluate(model, task, loader, weights, device, autocast, d, after_batch=None) -> dict:
+    """The task's metrics over every rank's share, in eval mode (dropout off, BatchNorm's running statistics).
+    `after_batch()`, if given, runs after each batch on every rank: the loop honours a stop signal there."""
     distributed.sync_buffers(model, d)
     model.eval()
     totals = torch.zeros(len(task.sums), device=device, dtype=torch.float32 if device.type == "mps" else torch.float64)
@@ -135,6 +136,8 @@ def evaluate(model, task, loader, weights, device, autocast, d) -> dict:
         with autocast():
             out = model(x)
         totals += w * task.eval_sums(out, y).to(totals.dtype)
+        if after_batch:
+            after_batch()
     model.train()
     return task.metrics(d.all_reduce(totals).tolist())
 
@@ -369,16 +372,24 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         d.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
         raise stopped(stop.name(), progress.step)
 
+    def stop_if_asked() -> None:
+        """Between two evaluation batches: a stop signal on any rank stops them all here (each asks at the same batch).
+        The step's checkpoint was written before its evaluation, so the resumed run evaluates it again."""
+        asked = stop.signum > 0
+        if d.enabled:
+            asked = d.all_reduce(torch.tensor(float(asked), device=device)).item() > 0
+        if asked:
+            stop_here()
+
     def early_stopped() -> bool:
         return bool(tc.early_stop_patience) and progress.bad_evals >= tc.early_stop_patience
 
-    def train_period(period: int) -> float:
-        """The period's remaining optimizer steps: micro-batches -> one optimizer step -> log / checkpoint / stop.
-        Returns how many ranks saw a stop signal at its last step (their stop waits for the period's evaluation)."""
+    def train_period(period: int) -> None:
+        """The period's remaining optimizer steps: micro-batches -> one optimizer step -> log / checkpoint / stop (a
+        stop signal with its last step is honoured in its evaluation, after the checkpoint)."""
         batches = iter(train_loader)
         log.epoch_bar(f"{period_name} {period + 1}/{periods}", sampler.steps_per_epoch,
                       sampler.steps_per_epoch - sampler.steps_left())
-        signals = 0  # ranks that saw a stop signal, summed at each step
         for _ in range(sampler.steps_left()):
             micro_batches = [next(batches) for _ in range(accum)]
             step_loss = forward_backward(module, task, micro_batches, device, autocast, scaler,
@@ -390,7 +401,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             flags = torch.stack([step_loss, distributed.local_norm(norm).float(),
                                  torch.tensor(float(stop.signum > 0), device=device),
                                  torch.tensor(float(any(w.ready() for w in writing)), device=device)])
-            loss_sum, norm_sum, signals, ready = d.all_reduce(flags).tolist()
+            loss_sum, norm_sum, signals, ready = d.all_reduce(flags).tolist()  # signals: ranks that saw one
             if ready == d.world:  # every rank's shard is on disk: rename and link it now, not at the next save
                 saved()
             step_loss, grad_norm = loss_sum / d.world, norm_sum / d.world
@@ -414,28 +425,27 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                            **speed.figures(progress.step))
                 progress.window = [0.0, 0]
             if progress.step >= last_step or not sampler.steps_left():
-                break  # the period's last step: its evaluation comes first, even when a stop signal came with it
+                break  # the period's last step: saved next, then a stop signal is honoured in its evaluation
             if signals:  # every rank sees the same sum: all stop after this same step
                 save()
                 stop_here()
             if cfg.checkpoint.every_steps and progress.step % cfg.checkpoint.every_steps == 0:
                 save()
         log.end_epoch()
-        return signals
 
     # 4. The loop: each evaluation period (an epoch of images, train.eval_every steps of text) trains, is saved, then
     # evaluated; a resume whose evaluation is due starts there.
     speed.start(progress.step)
     period_name = "period" if tc.steps else "epoch"  # text evaluates every train.eval_every steps, images per epoch
     while sampler.epoch < periods and (progress.step < last_step or evaluation_due) and not early_stopped():
-        period, signals = sampler.epoch, 0
+        period = sampler.epoch
         if not evaluation_due:
-            signals = train_period(period)
+            train_period(period)
             save()
         elif d.gather(not checkpoint.step_files(run_dir, progress.step))[0]:
             save()  # resumed from another folder (rank 0 decides for all): this one gets the checkpoint too
         evaluation_due = False
-        metrics = evaluate(model, task, *evals["val"], device, autocast, d)
+        metrics = evaluate(model, task, *evals["val"], device, autocast, d, stop_if_asked)
         if not math.isfinite(metrics["loss"]):
             raise NonFinite(f"validation loss is {metrics['loss']} at step {progress.step}: last.pt holds the "
                             f"weights that gave it")
@@ -454,8 +464,6 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
                 + (" (best)" if improved else f" (not better for {progress.bad_evals})") + rate)
         if improved:
             mark_best()
-        if signals:  # the stop that came with the period's last step, honoured after its evaluation
-            stop_here()
         if early_stopped():
             log.say(f"early stop: no better validation loss for {tc.early_stop_patience} evaluations")
 
@@ -473,7 +481,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     result = {"step": progress.step, "stopped_by": stopped_by, "best_step": best_step,
               "best_val_loss": progress.best["val_loss"], "run_dir": str(run_dir), "tested": tested}
     if "test" in evals:
-        metrics = evaluate(model, task, *evals["test"], device, autocast, d)
+        metrics = evaluate(model, task, *evals["test"], device, autocast, d, stop_if_asked)
         result.update({f"test_{k}": v for k, v in metrics.items()})
         log.record("test", progress.step, **{k: v for k, v in result.items() if k.startswith(("test", "best"))})
         log.say(f"test ({tested}): {task.describe(metrics, 'test')}")

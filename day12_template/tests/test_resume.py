@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import checkpoint
+import runlog
 import train
 from faults import Faults
 from helpers import (FORMATS, STEPS, TEMPLATE, TINY, cfg_of, child_env, diff_states, every_record, full, launch,
@@ -124,6 +125,23 @@ def test_a_stop_at_a_periods_or_the_runs_last_step_resumes_to_every_record_best_
     assert every_record(tmp_path) == every_record(ref_dir)
     assert (result["best_step"], result["tested"]) == (ref["best_step"], ref["tested"])
     assert diff_states(full(tmp_path / "best.pt")["model"], full(ref_dir / "best.pt")["model"]) == []
+
+
+# -- a stop signal during an evaluation ------------------------------------------------------------------------------
+@pytest.mark.parametrize("stop", STOPS)
+@pytest.mark.parametrize("task", ["classify", "lm"])
+def test_a_stop_during_an_evaluation_is_honoured_after_its_batch_and_a_resume_redoes_it_to_every_record_of_the_run(
+        uninterrupted, tmp_path, task, stop):
+    """SIGTERM lands in the evaluation's first forward: the run stops after that batch, not after the evaluation
+    (which may be minutes long), and no record of the unfinished evaluation is written."""
+    values, ref_dir, ref = uninterrupted[task]
+    with pytest.raises(train.Stopped):
+        train.run(cfg_of(values, tmp_path), [Faults(eval_stop_at=STOPS[stop])])
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == STOPS[stop]
+    assert [r for r in runlog.read_metrics(tmp_path) if r["kind"] != "train" and r["step"] == STOPS[stop]] == []
+    result = train.run(cfg_of({**values, "checkpoint.resume": "auto"}, tmp_path))
+    assert every_record(tmp_path) == every_record(ref_dir)
+    assert (result["best_step"], result["tested"]) == (ref["best_step"], ref["tested"])
 
 
 # -- an evaluation that fails (out of memory) loses none of its period's training ------------------------------------

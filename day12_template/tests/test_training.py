@@ -312,7 +312,7 @@ class FullDisk:
 
 
 def refuse_metrics_rename(monkeypatch) -> None:
-    """os.replace onto metrics.jsonl fails with EACCES: the file cannot be written (a read-only mount, another user's)."""
+    """os.replace onto metrics.jsonl fails with EACCES: it cannot be written (a read-only mount, another user's)."""
     replace = os.replace
 
     def refusing(src, dst, *args, **kwargs):
