@@ -324,31 +324,44 @@ def refuse_metrics_rename(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("fault", ["disk full mid-run", "permission denied at start"])
-def test_a_log_file_that_cannot_be_written_is_one_line_naming_it_and_the_intact_checkpoint(fault, tmp_path, capsys,
-                                                                                            monkeypatch):
-    run_dir = tmp_path / "run"
-    train.run(cfg_of({**TINY, "train.max_steps": 6}, run_dir))
+@pytest.mark.parametrize("task", ["classify", "lm"])
+def test_a_log_file_that_cannot_be_written_is_one_line_naming_it_and_the_intact_checkpoint(task, fault, tasks, tmp_path,
+                                                                                            capsys, monkeypatch):
+    run_dir, values = tmp_path / "run", {**tasks[task], "train.max_steps": 6}
+    train.run(cfg_of(values, run_dir))
     if fault == "disk full mid-run":
         monkeypatch.setattr(runlog, "open", FullDisk, raising=False)
     else:
         refuse_metrics_rename(monkeypatch)
-    code, err = refused(capsys, {**TINY, "checkpoint.resume": "auto"}, run_dir)
+    code, err = refused(capsys, {**values, "train.max_steps": 0, "checkpoint.resume": "auto"}, run_dir)
     monkeypatch.undo()
     assert code == 1 and len(err.splitlines()) == 1 and str(run_dir / "metrics.jsonl") in err, err
     assert f"{run_dir / 'last.pt'} (step 6), is intact" in err, err
     assert list(run_dir.glob("*.tmp")) == [] and checkpoint.load(run_dir / "last.pt")["step"] == 6
 
 
-def test_a_last_pt_of_another_run_is_refused_under_resume_auto_and_allowed_when_named(tmp_path, capsys):
-    mine, other = tmp_path / "mine", tmp_path / "other"
-    for run_dir in (mine, other):
-        train.run(cfg_of({**TINY, "train.max_steps": 6}, run_dir))
+def two_runs(case: str, tmp_path: Path) -> tuple[dict, dict]:
+    """The values of two runs of one config: of the same images, or (the GPT) of two data folders."""
+    if case == "images, the same data":
+        return {**TINY, "train.max_steps": 6}, {**TINY, "train.max_steps": 6}
+    other = token_folder(tmp_path / "other-tokens", 50)
+    reverse_train_bin(other)
+    ours = {**text_run(token_folder(tmp_path / "tokens", 50)), "train.steps": 8, "train.max_steps": 4}
+    return ours, {**ours, "data.root": str(other)}
+
+
+@pytest.mark.parametrize("case", ["images, the same data", "GPT, another data folder"])
+def test_a_last_pt_of_another_run_is_refused_under_resume_auto_and_allowed_when_named(case, tmp_path, capsys):
+    (ours, theirs), mine, other = two_runs(case, tmp_path), tmp_path / "mine", tmp_path / "other"
+    train.run(cfg_of(ours, mine))
+    train.run(cfg_of(theirs, other))
     records = (mine / "metrics.jsonl").read_text()
     shutil.copyfile(other / "last.pt", mine / "last.pt")  # as `cp other/last.pt mine/last.pt` does
-    code, err = refused(capsys, {**TINY, "checkpoint.resume": "auto"}, mine)
+    code, err = refused(capsys, {**ours, "checkpoint.resume": "auto"}, mine)
     assert code == 2 and len(err.splitlines()) == 1 and "another run" in err, err
     assert f"checkpoint.resume={mine / 'last.pt'}" in err and (mine / "metrics.jsonl").read_text() == records, err
-    code, _ = refused(capsys, {**TINY, "checkpoint.resume": str(mine / "last.pt")}, mine)
+    named = {**ours, "checkpoint.resume": str(mine / "last.pt"), "checkpoint.accept_new_data": True}
+    code, _ = refused(capsys, named, mine)
     launch = json.loads((mine / "run.json").read_text())["launches"][-1]
     assert code == 0 and launch["continued_run"] == checkpoint.load(other / "last.pt")["run_id"], launch
 
