@@ -343,10 +343,11 @@ WHOLE, BLOCKS, BLOCK = 64 << 20, 256, 256 << 10  # parts up to 64 MiB are hashed
 
 
 def digest(parts: list) -> str:
-    """SHA-256 over the parts' bytes (tensors, arrays, bytes) and sizes. A part up to 64 MiB is hashed whole
-    (MNIST's training images: ~25 ms); a larger one, a token file of billions, by 256 blocks of 256 KiB spread
-    evenly over it (64 MiB read, ~40 ms): a rewrite, a reordering or another file changes them; a few edited tokens
-    between the blocks may not."""
+    """SHA-256 over the parts' bytes (tensors, arrays, bytes) and sizes. A part up to 64 MiB is hashed whole (at
+    ~1.7 GB/s on a 2-core EPYC: the bundled Shakespeare's splits in 6 ms, MNIST's in 31 ms); a larger one, a token
+    file of billions, by 256 blocks of 256 KiB spread evenly over it (64 MiB read: 38 ms from the page cache, more
+    from a cold disk): a rewrite, a reordering or another file changes them; a few edited tokens between the blocks
+    may not."""
     h = hashlib.sha256()
     for part in parts:
         if isinstance(part, torch.Tensor):
