@@ -56,6 +56,7 @@ import drills_lab  # noqa: E402
 import muon_lab  # noqa: E402
 import runlog  # noqa: E402
 import runlock  # noqa: E402
+import same_numbers  # noqa: E402
 import signals  # noqa: E402
 import tasks  # noqa: E402
 import text  # noqa: E402
@@ -1365,6 +1366,12 @@ def launch_dist_runs(tmp: Path) -> dict:
                 "faults": f"stop_at={step}", "stops": True} for k, step in (("FP", 16), ("FR", STEPS))),
              {"set": sets({**DIST, "train.strategy": "ddp", "run.out_dir": str(dirs["S"])}),
               "faults": "step_sleep=0.05"}]
+    for name in same_numbers.CASES:  # the shipped configs' first steps under DDP and FSDP2 (before S, which is
+        for strategy in ("ddp", "fsdp"):  # stopped), and in this process below
+            dirs[f"{name}/{strategy}"] = tmp / name / strategy
+            config_file, values = same_numbers.case_settings(name, strategy, same_numbers.GATE_STEPS)
+            plan1.insert(-1, {"config": str(config_file),
+                              "set": [*values, f"run.out_dir={dirs[f'{name}/{strategy}']}"]})
     stop_at = rng.randrange(5, 2 * 16 - 4)
     result = {}
     launcher = threading.Thread(target=lambda: result.__setitem__(
@@ -1373,6 +1380,10 @@ def launch_dist_runs(tmp: Path) -> dict:
     train.run(cfg_of(e_vals, dirs["E1"]))  # one process, the same global batch of 64
     train.run(cfg_of(el_vals, dirs["EL1"]))
     train.run(cfg_of({**DIST, "train.max_steps": 8}, dirs["G"]))  # a single-process checkpoint for FSDP to resume
+    for name in same_numbers.CASES:
+        dirs[f"{name}/single"] = tmp / name / "single"
+        config_file, values = same_numbers.case_settings(name, "single", same_numbers.GATE_STEPS)
+        train.run(config.load(str(config_file), [*values, f"run.out_dir={dirs[f'{name}/single']}"]))
     launcher.join()
     for k in ("S", "F"):
         shutil.copytree(dirs[k], dirs[f"{k}1"], symlinks=True)
@@ -1470,6 +1481,22 @@ def test_an_fsdp_gpt_stopped_at_a_periods_or_the_runs_last_step_resumes_to_every
                 sum(a != b for a, b in itertools.zip_longest(records, expected)), "==", 0)
     gates.check(f"{run}: best.pt weight tensors that differ from the uninterrupted run's",
                 len(diff_states(full(dirs[run] / "best.pt")["model"], full(dirs["FL"] / "best.pt")["model"])), "==", 0)
+
+
+@pytest.mark.parametrize("case", [f"{name}/{strategy}" for name in same_numbers.CASES
+                                  for strategy in same_numbers.STRATEGIES])
+def test_the_shipped_configs_train_to_the_reference_records_of_this_machine_bitwise(dist_runs, case):
+    """A refactor changes no number: the first steps of each shipped config, in one process and under DDP and FSDP2,
+    against the records `same_numbers.py --write` stored at a commit before (one entry per machine: CPUs differ)."""
+    reference = same_numbers.reference_for(same_numbers.machine())
+    if reference is None:
+        pytest.skip(f"no reference records for this machine ({same_numbers.machine()}): floating-point results differ "
+                    "between CPUs; `python day12_template/same_numbers.py --write` at a commit before a change "
+                    "records one")
+    run = same_numbers.records(dist_runs["dirs"][case])
+    found = same_numbers.differences(reference[case], run, up_to=same_numbers.GATE_STEPS)
+    gates.check(f"{case}, its first {same_numbers.GATE_STEPS} steps: records that differ from the reference "
+                f"(float.hex, of {len(run)})", found, "==", [])
 
 
 def test_a_ddp_checkpoint_loads_into_one_process_and_finishes(dist_runs):
@@ -2399,7 +2426,7 @@ def dist_driver(plan_file: str) -> int:
             probes += [StateProbe(item["state"])] if "state" in item else []
             probes += [InitProbe(item["init"])] if "init" in item else []
             probes += [SentProbe(item["sent"])] if "sent" in item else []
-            train.run(config.load(None, item["set"]), [drills, *probes])
+            train.run(config.load(item.get("config"), item["set"]), [drills, *probes])
         except train.Stopped as exc:
             if not item.get("stops"):  # a planned stop (a drill) goes on with the next run; any other ends the launch
                 return exc.code
