@@ -180,9 +180,8 @@ class GPT(nn.Module):
         """Yield each of max_new_tokens sampled tokens (B, 1) as soon as it is drawn, so that a caller can show text
         while it is written, and keep it when stopped.
 
-        temperature 0 picks the argmax; otherwise logits / temperature are sampled (scale_logits: a temperature so
-        small that they overflow picks the argmax too), restricted to the top_k largest when top_k is given. Window
-        rule, the same with and without the cache: the model conditions on idx[:, start:], starting with the last
+        Each token comes from `draw` on the last position's logits (temperature 0: the argmax; top_k). Window rule,
+        the same with and without the cache: the model conditions on idx[:, start:], starting with the last
         block_size tokens of the prompt. When the window holds block_size tokens and one more is needed, start jumps
         so that the window keeps the last block_size // 2 tokens. The cached path then resets its cache and prefills
         those tokens, after which each step feeds one token again until the next jump, so the cache stays useful past
@@ -203,19 +202,24 @@ class GPT(nn.Module):
                     logits = self(idx[:, start + cache.length:], cache)[:, -1]
                 else:
                     logits = self(idx[:, start:])[:, -1]
-                if temperature == 0:
-                    next_token = logits.argmax(dim=-1, keepdim=True)
-                else:
-                    logits = scale_logits(logits, temperature)
-                    if top_k is not None:
-                        kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
-                    probs = F.softmax(logits, dim=-1)
-                    next_token = torch.multinomial(probs, 1, generator=generator)
+                next_token = draw(logits, temperature, top_k, generator)
                 idx = torch.cat([idx, next_token], dim=1)
                 yield next_token
         finally:
             self.train(was_training)
+
+
+def draw(logits: torch.Tensor, temperature: float, top_k: int | None,
+         generator: torch.Generator | None) -> torch.Tensor:
+    """The next token (B, 1) from the last position's logits (B, vocabulary): the argmax at temperature 0; otherwise
+    sampled from softmax(logits / temperature) (scale_logits), among the top_k largest when top_k is given."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = scale_logits(logits, temperature)
+    if top_k is not None:
+        kth_largest = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
 
 
 def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -9,14 +9,18 @@ function, registered together:
     def my_net(cfg: MyNetTable, info) -> nn.Module:      # info: what the data says of itself (data.ImageInfo)
         return MyNet(info.channels, info.num_classes, cfg.hidden)
 
-and `[model.my_net]` in a config file (or `--set model.my_net.hidden=512`) sets its fields. A model returns logits:
-(batch, classes) for `classify`, (batch, time, vocabulary) for `lm`; the task (tasks.py) turns them into a loss. Put
-its repeated layers in `self.blocks`: they become the units of activation checkpointing
-(`model.activation_checkpointing`) and of FSDP sharding (`fully_shard`). It initialises itself through
-`init_tensor(name, tensor, generator)`: the rule for one parameter or buffer (a computed buffer, such as a mask:
-computed again), filled whole from `generator`. That is what lets FSDP build the model without any rank ever holding
-all of it (see `init_weights`); a model without one gets its layers' default init, and under FSDP each rank builds it
-whole before sharding it.
+and `[model.my_net]` in a config file (or `--set model.my_net.hidden=512`) sets its fields.
+
+What every command asks of a model is the README's table ("A new model"; tests/test_models.py holds every registered
+model to it): `forward(x)` returning logits, (batch, classes) for `classify` and (batch, time, vocabulary) for `lm`
+(the task, tasks.py, turns them into a loss), and nothing else. Optional, each for what it enables: `blocks` (one
+FSDP2 unit each), a `checkpointing` flag its forward honours (`model.activation_checkpointing`, refused without it;
+`Blocks` gives both), `init_tensor` (below), `flops_per_token()` (MFU), `generate_stream` (sample.py's fast path).
+
+A model initialises itself through `init_tensor(name, tensor, generator)`: the rule for one parameter or buffer (a
+computed buffer, such as a mask: computed again), filled whole from `generator`. That is what lets FSDP build the
+model without any rank ever holding all of it (see `init_weights`); a model without one gets its layers' default
+init, and under FSDP each rank builds it whole before sharding it.
 """
 import functools
 import math
@@ -207,6 +211,9 @@ def build(cfg, info, seed: int = 0, device: str | torch.device = "cpu", shard: C
         shard(model)
     if real and own_init:
         materialize(model, device, seed)
+    if cfg.activation_checkpointing and not hasattr(model, "checkpointing"):
+        raise ConfigError(f"model.activation_checkpointing: model {cfg.name!r} has no `checkpointing` flag that its "
+                          f"forward honours (subclass models.Blocks and run self.blocks with self.run_blocks)")
     model.checkpointing = cfg.activation_checkpointing
     return model
 

@@ -6,9 +6,10 @@
     python sample.py --run runs/my_tokens_run --data-root DIR           # decode with DIR's meta file instead
 
 The weights load with weights_only=True (no code runs from the file), from any strategy's checkpoint (DDP, FSDP:
-plain state dicts). Generation keeps a KV cache: each new token costs one position's work instead of the whole
-context's (gpt.py: GPT.generate_stream, and its window rule past the model's block size). The text is printed as it
-is made; Ctrl-C stops it and keeps what was printed.
+plain state dicts). Any registered language model samples: one with a `generate_stream` generates through it (the
+GPT's keeps a KV cache: each new token costs one position's work instead of the whole context's; gpt.py has its
+window rule past the model's block size); any other runs on the whole context for every new token (`plain_stream`).
+The text is printed as it is made; Ctrl-C stops it and keeps what was printed.
 Vocabularies it decodes, as the run's data describes them: bytes (the shakespeare dataset), or a tokens folder's
 meta.json/meta.pkl itos (or stoi) of single characters or longer token strings (subwords: the prompt is split by
 greedy longest match, not necessarily the tokenizer's own split). A tokens run keeps its vocabulary in its run folder
@@ -30,6 +31,7 @@ import torch
 import checkpoint
 import config
 import data
+import gpt
 import models
 import text
 
@@ -65,21 +67,49 @@ def vocabulary_folder(cfg: config.Config, data_root: Path | None, path: Path) ->
     return cfg.data.root
 
 
-def load_tokenizer(cfg: config.Config, data_root: Path | None, path: Path, info: data.TextInfo,
-                   model_vocab: int) -> text.Tokenizer:
+def load_tokenizer(cfg: config.Config, data_root: Path | None, path: Path, info: data.TextInfo) -> text.Tokenizer:
     """The run's tokenizer: bytes, or a tokens run's vocabulary (vocabulary_folder), which must be the one the
     checkpoint recorded the fingerprint of (a checkpoint of an older template records none: then its vocabulary
-    must at least fit the model)."""
+    must at least fit the one the model was trained on)."""
     root = vocabulary_folder(cfg, data_root, path) if cfg.data.dataset == "tokens" else cfg.data.root
     tokenizer = text.tokenizer(cfg.data.dataset, root)
     if info.vocab is not None and tokenizer.fingerprint != info.vocab:
         raise OtherVocabulary(f"the vocabulary in {root} (fingerprint {tokenizer.fingerprint}, {tokenizer.vocab_size} "
                               f"tokens) is not the one {path} was trained on (fingerprint {info.vocab}): give "
                               f"--data-root the folder of the run's own data")
-    if tokenizer.vocab_size > model_vocab:
+    if tokenizer.vocab_size > info.vocab_size:
         raise text.TextDataError(f"the meta file in {root} has vocab_size {tokenizer.vocab_size}, more token ids than "
-                                 f"the model's {model_vocab}: --data-root must be the folder of the run's own data")
+                                 f"the {info.vocab_size} the model was trained on: --data-root must be the folder of "
+                                 f"the run's own data")
     return tokenizer
+
+
+@torch.no_grad()
+def plain_stream(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float,
+                 top_k: int | None, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Each new token (B, 1) of a model without `generate_stream`: its logits on the whole context (the last
+    `block_size` tokens if the model has a `block_size`), the last position's drawn as the GPT draws them. The model
+    runs in eval mode until the stream ends or is closed."""
+    was_training = model.training
+    model.eval()
+    window = getattr(model, "block_size", None)
+    try:
+        for _ in range(max_new_tokens):
+            context = idx if window is None else idx[:, -window:]
+            next_token = gpt.draw(model(context)[:, -1], temperature, top_k, generator)
+            idx = torch.cat([idx, next_token], dim=1)
+            yield next_token
+    finally:
+        model.train(was_training)
+
+
+def new_tokens(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+               use_cache: bool, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """The model's own generate_stream if it has one (use_cache: its KV cache, if it keeps one), else plain_stream."""
+    if hasattr(model, "generate_stream"):
+        return model.generate_stream(idx, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+                                     generator=generator)
+    return plain_stream(model, idx, max_new_tokens, temperature, top_k, generator)
 
 
 def stream(model, tokenizer: text.Tokenizer, prompt: str, tokens: int, temperature: float, top_k: int | None,
@@ -91,8 +121,8 @@ def stream(model, tokenizer: text.Tokenizer, prompt: str, tokens: int, temperatu
     decode = tokenizer.decoder()
     generator = torch.Generator().manual_seed(seed)
     yield decode(ids)
-    for token in model.generate_stream(torch.tensor([ids], dtype=torch.long), tokens, temperature=temperature,
-                                       top_k=top_k, use_cache=use_cache, generator=generator):
+    for token in new_tokens(model, torch.tensor([ids], dtype=torch.long), tokens, temperature, top_k, use_cache,
+                            generator):
         yield decode(token[0].tolist())
     yield decode([], final=True)
 
@@ -144,7 +174,7 @@ def main(argv=None) -> int:
     made = 0  # tokens printed: piece n of the stream is the n-th token's text
     try:
         model, cfg, info = load_model(path)
-        tokenizer = load_tokenizer(cfg, args.data_root, path, info, model.wte.num_embeddings)
+        tokenizer = load_tokenizer(cfg, args.data_root, path, info)
         t0 = time.perf_counter()
         for made, piece in enumerate(stream(model, tokenizer, args.prompt, args.tokens, args.temperature,
                                             args.top_k or None, args.seed, use_cache=not args.no_cache)):
