@@ -7,8 +7,10 @@
                  (uint16, or uint32 when vocab_size > 65536), memory-mapped, never read whole, plus meta.json
                  {"vocab_size": int, "dtype": "uint16"|"uint32" (optional), "itos": {id: str} or [str] (optional:
                  the token strings sample.py decodes; JSON's keys are the ids' digits 0-9)} or nanoGPT's meta.pkl
-                 {"vocab_size", "stoi", "itos"}. A run keeps the vocabulary in its folder (`vocabulary_json`), and its
-                 checkpoints its fingerprint (`vocab_fingerprint`), so that sample.py decodes with the right one.
+                 {"vocab_size", "stoi", "itos"}; or {"vocab_size": 256, "bytes": true}: each token is a UTF-8 byte
+                 (prepare.py --tokens bytes), decoded as the shakespeare dataset's. A run keeps the vocabulary in its
+                 folder (`vocabulary_json`), and its checkpoints its fingerprint (`vocab_fingerprint`), so that
+                 sample.py decodes with the right one.
 
 Shakespeare's split is by whole works, so that no scene is split across train and evaluation: VAL_WORKS and TEST_WORKS
 (below) are held out, and train is every other work in manifest order. Each split is its works' texts in manifest
@@ -241,6 +243,9 @@ def read_meta(root: Path) -> tuple[Path, dict]:
         raise TextDataError(f"{path}: dtype must be 'uint16' or 'uint32' (a string), not {dtype!r}")
     if dtype == "uint16" and size > 65536:
         raise TextDataError(f"{path}: dtype 'uint16' cannot hold vocab_size {size}: use 'uint32'")
+    if "bytes" in meta and (meta["bytes"] is not True or size != 256 or "itos" in meta or "stoi" in meta):
+        raise TextDataError(f'{path}: "bytes": true means token ids are UTF-8 bytes: vocab_size 256 and no itos or '
+                            f"stoi; got bytes={meta['bytes']!r}, vocab_size={size}")
     itos = meta.get("itos")
     if isinstance(itos, list):
         itos = dict(enumerate(itos))
@@ -269,7 +274,7 @@ def token_strings(meta: dict, path: Path) -> dict[int, str] | None:
     return None if stoi is None else {i: s for s, i in stoi.items()}
 
 
-BYTES = "utf-8 bytes"  # the fingerprint of the byte-level vocabulary (shakespeare)
+BYTES = "utf-8 bytes"  # the fingerprint of the byte-level vocabulary (shakespeare, a tokens folder of bytes)
 
 
 def vocab_fingerprint(vocab_size: int, strings: dict[int, str] | None) -> str:
@@ -285,6 +290,8 @@ def vocabulary_json(root: str) -> str:
     path, meta = read_meta(Path(root))
     strings = token_strings(meta, path)
     kept = {"vocab_size": meta["vocab_size"]}
+    if meta.get("bytes"):
+        kept["bytes"] = True
     if strings is not None:
         kept["itos"] = {str(i): s for i, s in sorted(strings.items())}
     return json.dumps(kept, ensure_ascii=False) + "\n"
@@ -335,11 +342,14 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
                          eval_windows)
     itos = meta.get("itos")
     bytes_per_token = None
-    if itos is not None and all(i in itos for i in range(vocab_size)):
+    fingerprint = vocab_fingerprint(vocab_size, token_strings(meta, meta_path))
+    if meta.get("bytes"):
+        bytes_per_token, fingerprint = torch.ones(256, dtype=torch.float64), BYTES
+    elif itos is not None and all(i in itos for i in range(vocab_size)):
         bytes_per_token = torch.tensor([len(itos[i].encode("utf-8")) for i in range(vocab_size)],
                                        dtype=torch.float64)
     return TextSplits(TokenData(train, block_size), eval_data(val, block_size, eval_windows), test, vocab_size,
-                      block_size, bytes_per_token, vocab_fingerprint(vocab_size, token_strings(meta, meta_path)))
+                      block_size, bytes_per_token, fingerprint)
 
 
 # -- tokenizers ----------------------------------------------------------------------------------------------------
@@ -424,6 +434,8 @@ def tokenizer(dataset: str, root: str) -> Tokenizer:
     if not root or not Path(root).is_dir():
         raise TextDataError(f"data.root={root!r} is not a folder: the tokens dataset's meta file lives there")
     meta_path, meta = read_meta(Path(root))
+    if meta.get("bytes"):
+        return ByteTokenizer()
     itos, size = token_strings(meta, meta_path), meta["vocab_size"]
     if itos is None:
         raise TextDataError(f"{meta_path} has no itos/stoi, so its token ids cannot be read as text: sample.py "

@@ -1,7 +1,7 @@
-"""The model contract (the README's "A new model" table), held for every registered model: it builds, trains, checkpoints,
-resumes to the same numbers, memory.py estimates it and, for a language model, sample.py writes text with it. A new
-model is covered by registering it. A GRU language model that has nothing but `forward` trains and samples; a
-model without the `checkpointing` flag is refused activation checkpointing in one line."""
+"""The model contract (the README's "A new model" table), held for every registered model: it builds, trains,
+checkpoints, resumes to the same numbers, memory.py estimates it and, for a language model, sample.py writes text
+with it. A new model is covered by registering it. A GRU language model that has nothing but `forward` trains and
+samples; a model without the `checkpointing` flag is refused activation checkpointing in one line."""
 from dataclasses import dataclass
 
 import pytest

@@ -147,8 +147,9 @@ def corpus_hygiene(folder: Path) -> list[TextCheck]:
 def check_text_data(case: Case) -> list[Finding]:
     if case.cfg.data.dataset != "shakespeare":
         return [Finding("data", "not measured", f"{case.cfg.data.dataset}: token files hold ids, not the text and its "
-                        "document boundaries; run troubleshoot.text_checks.text_hygiene on the documents before "
-                        "tokenising", list(dict.fromkeys(item for items, _ in TEXT_ITEMS.values() for item in items)))]
+                        "document boundaries; prepare.py prints this report when it makes token files from text files "
+                        "(or run troubleshoot.text_checks.text_hygiene on the documents before tokenising)",
+                        list(dict.fromkeys(item for items, _ in TEXT_ITEMS.values() for item in items)))]
     folder = text.corpus_folder(case.cfg.data.root)
     found = [Finding("data", c.status, c.text, *TEXT_ITEMS[c.kind], {"kind": c.kind, **c.figures})
              for c in corpus_hygiene(folder)]
