@@ -18,6 +18,7 @@ import torch.nn as nn
 from day04_mlp_mnist import init_lab as lab
 from day04_mlp_mnist import main as day
 from sprint.data import mnist_tensors
+from sprint.device import ABSENT_CUDA
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -191,9 +192,8 @@ def test_a_diverging_loss_stops_with_a_message():
         day.train(day.Config(**{**SMALL, "lr": 1e30}), log=lambda *_: None)
 
 
-ABSENT_DEVICE = "cuda:99" if torch.cuda.is_available() else "cuda"
 BAD_FLAGS = [["--train-subset", "-5"], ["--train-subset", "0"], ["--train-subset", "60000"],
-             ["--evals-per-epoch", "1000"], ["--device", ABSENT_DEVICE], ["--device", "gpu"], ["--epochs", "0"],
+             ["--evals-per-epoch", "1000"], ["--device", ABSENT_CUDA], ["--device", "gpu"], ["--epochs", "0"],
              ["--lr", "nan"], ["--dropout", "1.5"], ["--act", "swish"], ["--val-size", "60000"], ["--batch-size", "0"]]
 
 

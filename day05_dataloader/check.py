@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate, get_w
 from day05_dataloader import main as day
 from day05_dataloader import report
 from sprint.data import mnist
+from sprint.device import ABSENT_CUDA
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -219,9 +220,8 @@ def test_smoke_never_overrides_an_explicit_flag():
     gates.check("no --smoke: 60,000 samples, batch 256", list(day.Config().sizes), "==", [60000, 256])
 
 
-ABSENT_DEVICE = "cuda:99" if torch.cuda.is_available() else "cuda"
 BAD_FLAGS = [["--batch-size", "0", "--smoke"], ["--samples", "0"], ["--samples", "60001"], ["--workers", "-1"],
-             ["--workers", "two"], ["--threads", "0"], ["--start-method", "thread"], ["--device", ABSENT_DEVICE],
+             ["--workers", "two"], ["--threads", "0"], ["--start-method", "thread"], ["--device", ABSENT_CUDA],
              ["--device", "gpu"], ["--threads", "100000"], ["--workers", "0", "1000"], ["--seed", "-1"]]
 
 

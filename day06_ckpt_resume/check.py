@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from day06_ckpt_resume import checkpoint, main as day, overfit_lab, prove_resume as prove
+from sprint.device import ABSENT_CUDA
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -471,10 +472,10 @@ def test_nan_loss_stops_with_a_clear_error(tmp_path):
 BAD_FLAGS = {
     "main": (day.main, [["--epochs", "0"], ["--lr", "-1"], ["--lr", "nan"], ["--batch-size", "0"], ["--dropout", "1"],
                         ["--keep-last", "1"], ["--train-subset", "-5"], ["--train-subset", "60000"],
-                        ["--val-size", "0"], ["--device", "cuda"], ["--device", "gpu"], ["--min-lr-ratio", "2"],
+                        ["--val-size", "0"], ["--device", ABSENT_CUDA], ["--device", "gpu"], ["--min-lr-ratio", "2"],
                         ["--resume", "no-such.pt"], ["--epochs", "two"], ["--bogus"]]),
     "prove_resume": (prove.main, [["--kills", "2"], ["--workers", "-1", "2"], ["--kills", "0", "3"],
-                                  ["--device", "cuda"]]),
+                                  ["--device", ABSENT_CUDA]]),
     "overfit_lab": (overfit_lab.main, [["--subset", "0"], ["--epochs", "0"], ["--patience", "0"], ["--dropout", "1"],
                                        ["--weight-decay", "-1"], ["--device", "gpu"]]),
 }

@@ -24,6 +24,7 @@ import torch.nn as nn
 from day04_mlp_mnist.main import MLP
 from day07_amp_accum import main as day, optim_lab
 from sprint.data import mnist_split
+from sprint.device import ABSENT_CUDA
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -260,9 +261,9 @@ def test_main_writes_the_table_plot_and_a_trained_run(tmp_path):
 # --- the command lines: every flag checked before any work -----------------------------------------------------
 BAD_FLAGS = {
     "main": (day.main, [["--amp", "fp8"], ["--accum", "0"], ["--accum", "3"], ["--bench-steps", "0"],
-                        ["--batch-size", "0"], ["--lr", "inf"], ["--device", "cuda"], ["--device", "gpu"]]),
+                        ["--batch-size", "0"], ["--lr", "inf"], ["--device", ABSENT_CUDA], ["--device", "gpu"]]),
     "optim_lab": (optim_lab.main, [["--high-lr", "0"], ["--warmup-steps", "0"], ["--batch", "0"], ["--seeds", "-1"],
-                                   ["--subset", "60000"], ["--device", "cuda"]]),
+                                   ["--subset", "60000"], ["--device", ABSENT_CUDA]]),
 }
 
 
@@ -370,7 +371,7 @@ def test_adamws_decay_is_one_factor_for_every_weight_and_adam_l2s_follows_the_gr
                 "(v above / below the median) - 1", abs(aw_high / aw_low - 1), "<", 0.01)
     gates.check("... each half's kept norm / prod(1 - LR_t λ) - 1 (the decoupled decay step alone), worse half",
                 max(abs(kept / decay.decoupled_factor - 1) for kept in (aw_high, aw_low)), "<", 2e-3)
-    gates.check(f"Adam + L2 at the same λ: kept norm, large-gradient weights / small-gradient ones (the L2 term "
+    gates.check("Adam + L2 at the same λ: kept norm, large-gradient weights / small-gradient ones (the L2 term "
                 "divided by sqrt(v))", l2_high / l2_low, ">", 1.5)
 
 

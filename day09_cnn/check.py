@@ -17,6 +17,7 @@ from day09_cnn import norms_lab as lab
 from day09_cnn import report
 from day09_cnn import transfer_lab as transfer
 from sprint import data
+from sprint.device import ABSENT_CUDA
 from sprint.gates import Gates, run_this_file
 
 gates = Gates(__file__)
@@ -151,15 +152,13 @@ BAD_FLAGS = {
     "main": [["--epochs", "0"], ["--batch-size", "0"], ["--lr", "-0.1"], ["--lr", "nan"], ["--momentum", "1"],
              ["--weight-decay", "-1"], ["--widths", "16", "0"], ["--schedule", "cosine"], ["--seed", "-1"],
              ["--val-size", "60000"], ["--train-subset", "100"], ["--test-subset", "20000"], ["--device", "gpu"],
-             ["--epochs", "two"], ["--bogus"]],
+             ["--device", ABSENT_CUDA], ["--epochs", "two"], ["--bogus"]],
     "norms_lab": [["--steps", "0"], ["--batch-sizes", "1", "128"], ["--hidden", "60"], ["--norms", "BatchNorm"],
                   ["--norms", "BatchNorm", "LayerNorm", "WeightNorm"], ["--lr", "nan"], ["--seed", "-2"]],
     "bench": [["--lrs", "0"], ["--schedules", "cosine"], ["--seeds", "-1"], ["--epochs", "0"]],
     "transfer_lab": [["--labels", "15"], ["--labels", "0"], ["--steps", "0"], ["--regimes", "frozen"],
                      ["--pretrain-epochs", "0"], ["--seeds", "-1"], ["--seeds", "0", "0"]],
 }
-if not torch.cuda.is_available():
-    BAD_FLAGS["main"].append(["--device", "cuda"])  # absent here: refused before any data is loaded
 CASES = [(script, argv) for script, cases in BAD_FLAGS.items() for argv in cases]
 
 

@@ -80,7 +80,7 @@ ENTRIES.append(Entry(
 
 
 def cuda_oom_broken():
-    return torch.empty(2**40, device="cuda")  # 4 TiB of float32
+    return torch.empty(2**40, device="cuda")  # 4 TiB of float32: torch writes sizes in GiB at most (4096.00 GiB)
 
 
 def cuda_oom_fixed():
@@ -91,7 +91,7 @@ def cuda_oom_fixed():
 ENTRIES.append(Entry(
     row=1, how=CUDA,
     title="CUDA out of memory. Tried to allocate X GiB",
-    pattern=r"CUDA out of memory\. Tried to allocate 4\.00 TiB",
+    pattern=r"CUDA out of memory\. Tried to allocate 4096\.00 GiB",
     cause="The request exceeds what the caching allocator can get from the GPU.",
     fix="As above.",
     broken=cuda_oom_broken, fixed=cuda_oom_fixed, needs="cuda"))

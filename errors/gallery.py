@@ -29,6 +29,7 @@ from sprint.cli import UserError, arg, parse, run, validate
 
 README = REPO_ROOT / "errors" / "README.md"
 ROWS = range(1, 22)  # the cheat sheet has 21 rows
+CHILD_TIMEOUT_S = 180  # an entry run in a fresh interpreter (run_fresh): longer is a hang
 
 
 @dataclass
@@ -62,7 +63,12 @@ def run_here(fn) -> Outcome:
 def run_fresh(fn) -> Outcome:
     """`run_here(fn)` in a new interpreter: a CUDA error can leave the process's CUDA context unusable."""
     code = f"import json, errors.gallery as g; print(json.dumps(vars(g.run_here(g.catalog.{fn.__name__}))))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:  # a hung CUDA call: the entry's outcome, not an error of the gallery
+        return Outcome(errors=[f"child process still running after {CHILD_TIMEOUT_S} s, killed (a hang): "
+                               f"{(exc.stderr or b'')[-3000:].decode(errors='replace')}"])
     try:  # a poisoned CUDA context may also make the child's exit fail, after it printed its outcome
         return Outcome(**json.loads(proc.stdout.splitlines()[-1]))
     except (IndexError, json.JSONDecodeError):

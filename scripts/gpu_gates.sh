@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The CUDA-only gates (marked `gpu`), for a machine with an NVIDIA GPU. Budget: under 8 minutes.
+# The CUDA-only gates (marked `gpu`), for a machine with an NVIDIA GPU. Budget: under 8 minutes, enforced: past
+# GPU_GATES_LIMIT seconds (default 480) pytest gets SIGINT, prints where each hung test was, and the script exits 124.
 # Exit code: pytest's own where torch sees a CUDA device. Where it sees none, nothing runs and the script exits 77
 # (the "skipped" code of automake-style test harnesses), so "nothing ran" never reads as a pass.
 set -euo pipefail
@@ -19,4 +20,9 @@ elif [ "$status" -ne 0 ]; then
     echo "gpu_gates: could not ask torch about CUDA (exit $status)" >&2
     exit "$status"
 fi
-exec pytest -m gpu "$@"
+limit="${GPU_GATES_LIMIT:-480}"
+timeout --signal=INT --kill-after=30 "$limit" pytest -m gpu "$@" || status=$?
+if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    echo "gpu_gates: stopped after $limit s (the 8-minute budget): the traceback above shows the test that hung" >&2
+fi
+exit "$status"

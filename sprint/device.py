@@ -3,6 +3,9 @@ import torch
 
 AVAILABLE = {"cpu": lambda: True, "cuda": lambda: torch.cuda.is_available(),
              "mps": lambda: torch.backends.mps.is_available()}
+# a CUDA device this machine lacks, for the gates that --device refuses it before any work: on a GPU host plain
+# "cuda" is present (and would start real training), so they name an index no host has
+ABSENT_CUDA = "cuda:99" if torch.cuda.is_available() else "cuda"
 
 
 def pick_device(prefer: str | None = None) -> torch.device:

@@ -424,6 +424,20 @@ def test_gpu_gates_script_says_nothing_ran_and_exits_77_without_cuda():
     assert "NOTHING RAN" in proc.stderr
 
 
+def test_gpu_gates_script_stops_a_hung_run_at_its_time_limit_and_says_so(tmp_path):
+    """A host where CUDA answers but a gate hangs: stand-ins for python (CUDA present) and pytest (hangs until
+    SIGINT, printing the test it was in, as pytest does)."""
+    (tmp_path / "python").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "pytest").write_text("#!/bin/sh\nsleep 60 &\ntrap 'kill $!; echo interrupted in test_hangs; exit 2' INT\nwait\n")
+    for stand_in in ("python", "pytest"):
+        (tmp_path / stand_in).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "GPU_GATES_LIMIT": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_gates.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 124, proc.stdout + proc.stderr
+    assert "interrupted in test_hangs" in proc.stdout and "stopped after 1 s" in proc.stderr
+
+
 def test_licence_file_is_the_mit_licence_pyproject_declares():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
     licence = (ROOT / "LICENSE").read_text()
