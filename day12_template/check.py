@@ -2309,7 +2309,8 @@ def test_cuda_shakespeare_gpu_config_trains_with_bf16_and_compile_and_reports_it
     rec = train_records(out)
     gates.check("shakespeare_gpu.toml on CUDA, bf16 + torch.compile: val loss after 200 steps (ln 256 = 5.55)",
                 result["best_val_loss"], "<", 2.6)
-    gates.check(f"shakespeare_gpu.toml on CUDA: MFU at step 200 against the card's dense bf16 peak "
+    gates.check(f"shakespeare_gpu.toml on CUDA: MFU over steps 191-200 (the window the step-200 record closes; "
+                f"torch.compile's warm-up is in the first) against the card's dense bf16 peak "
                 f"({torch.cuda.get_device_name()}; tokens/s {rec[200]['tokens_per_s']:,.0f})", rec[200]["mfu"], ">",
                 0.01)
 

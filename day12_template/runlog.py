@@ -428,8 +428,11 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
 
 
 class Speed:
-    """Throughput since this launch, for the train records: samples/s, and for models that count their FLOPs
-    (`flops_per_token()`, the GPT) tokens/s and MFU: achieved model FLOP/s over the device's peak (`peak_flops`)."""
+    """Throughput over the window since the previous train record (or the launch), for the train records: samples/s,
+    and for models that count their FLOPs (`flops_per_token()`, the GPT) tokens/s and MFU: achieved model FLOP/s over
+    the device's peak (`peak_flops`). A window, not an average since the launch, so that a slow start (torch.compile,
+    the first CUDA kernels) weighs on the records it happened in only; a window that holds an evaluation or a
+    checkpoint counts their time too."""
 
     def __init__(self, batch_size: int, tokens_per_sample: int | None, model, device: torch.device, train):
         self.batch_size, self.tokens_per_sample = batch_size, tokens_per_sample
@@ -441,17 +444,22 @@ class Speed:
 
     def start(self, step: int) -> None:
         self.t0, self.c0, self.step0 = time.perf_counter(), time.process_time(), step
+        self.window_t0, self.window_step0 = self.t0, step
 
     def samples_per_s(self, step: int) -> float:
+        """Since the launch (the evaluation lines' figure)."""
         return (step - self.step0) * self.batch_size / max(1e-9, time.perf_counter() - self.t0)
 
     def figures(self, step: int) -> dict:
-        """samples_per_s (tokens_per_s, mfu), elapsed_s and cpu_s (well below elapsed_s: waiting for data, ranks)."""
-        out = {"samples_per_s": self.samples_per_s(step)}
+        """samples_per_s (tokens_per_s, mfu) over the window this record closes; elapsed_s and cpu_s since the launch
+        (cpu_s well below elapsed_s: waiting for data, ranks)."""
+        now = time.perf_counter()
+        out = {"samples_per_s": (step - self.window_step0) * self.batch_size / max(1e-9, now - self.window_t0)}
+        self.window_t0, self.window_step0 = now, step
         if self.tokens_per_sample:
             out["tokens_per_s"] = out["samples_per_s"] * self.tokens_per_sample
             if self.peak:
                 out["mfu"] = out["tokens_per_s"] * self.flops_per_token / self.peak
-        out["elapsed_s"] = time.perf_counter() - self.t0
+        out["elapsed_s"] = now - self.t0
         out["cpu_s"] = time.process_time() - self.c0
         return out

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -432,3 +433,23 @@ def test_new_data_accepted_on_purpose_resumes_forgets_the_old_best_and_is_record
     launch = json.loads((run_dir / "run.json").read_text())["launches"][-1]
     assert result["step"] == 8 and result["best_step"] == 8 and "the val split" in out, out
     assert any("the val split" in change for change in launch["data_changed"]), launch
+
+
+class SlowStart(train.Hook):
+    """The first step takes 1.5 s longer, as a torch.compile warm-up does."""
+
+    def step(self, progress) -> None:
+        if progress.step == 1:
+            time.sleep(1.5)
+
+
+def test_throughput_is_measured_over_the_window_since_the_previous_record_so_a_slow_start_stays_in_its_own(
+        tmp_path, corpus):
+    values = {**tiny_lm(corpus), "train.log_every": 4, "train.max_steps": 12, "checkpoint.every_steps": 0}
+    train.run(cfg_of(values, tmp_path / "run"), [SlowStart()])
+    records = [r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "train"]
+    window_starts = [0.0] + [r["elapsed_s"] for r in records[:-1]]
+    for record, start in zip(records, window_starts):
+        assert record["samples_per_s"] == pytest.approx(4 * TINY["train.batch_size"] / (record["elapsed_s"] - start))
+        assert record["tokens_per_s"] == pytest.approx(record["samples_per_s"] * values["data.block_size"])
+    assert records[-1]["samples_per_s"] > 4 * records[0]["samples_per_s"], records
