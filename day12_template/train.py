@@ -240,7 +240,8 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     if sampler.steps_per_epoch == 0:
         raise data.DataError(f"train.batch_size={tc.batch_size} exceeds the {len(splits.train)} training samples")
     train_loader = data.loader(splits.train, sampler, cfg.data.num_workers, pin)
-    evals = data.eval_loaders(splits, micro * accum, d.rank, d.world, cfg.data.num_workers, pin)
+    evals = data.eval_loaders(splits, micro, d.rank, d.world, cfg.data.num_workers, pin)  # a training forward's size:
+    # what fits in training fits in evaluation (GPT-2's 480 windows of micro-batch x grad_accum would need ~230 GiB)
     periods, total_steps = run_length(tc, sampler)
     last_step = min(total_steps, tc.max_steps or total_steps)
     optimizer = build_optimizer(model, cfg.optim)

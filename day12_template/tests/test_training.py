@@ -453,3 +453,21 @@ def test_throughput_is_measured_over_the_window_since_the_previous_record_so_a_s
         assert record["samples_per_s"] == pytest.approx(4 * TINY["train.batch_size"] / (record["elapsed_s"] - start))
         assert record["tokens_per_s"] == pytest.approx(record["samples_per_s"] * values["data.block_size"])
     assert records[-1]["samples_per_s"] > 4 * records[0]["samples_per_s"], records
+
+
+class EvalBatchSizes(train.Hook):
+    """The batch size of every forward the model runs in eval mode."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def attach(self, model, module, progress) -> None:
+        model.register_forward_pre_hook(lambda m, args: None if m.training else self.sizes.append(len(args[0])))
+
+
+@pytest.mark.parametrize("task", ["classify", "lm"])
+def test_evaluation_runs_in_micro_batches_as_training_does(task, tmp_path, corpus):
+    values = {**(TINY if task == "classify" else tiny_lm(corpus)), "train.grad_accum": 4, "train.max_steps": 2}
+    sizes = EvalBatchSizes()
+    train.run(cfg_of(values, tmp_path / "run"), [sizes])
+    assert sizes.sizes and max(sizes.sizes) == TINY["train.batch_size"] // 4, sizes.sizes
