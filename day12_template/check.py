@@ -914,6 +914,27 @@ def test_memory_estimate_within_15_percent_of_the_cpu_step_peak(batch):
                 abs(est["step_peak"] / measured - 1), "<=", 0.15)
 
 
+SMALL_GPT2 = ["model.gpt.n_layer=1", "model.gpt.n_head=2", "model.gpt.n_embd=64", "model.gpt.block_size=64",
+              "data.block_size=64"]  # GPT-2's vocabulary: the loss's logits are the evaluation's peak
+
+
+@pytest.mark.parametrize("name, batch, sets", [("mnist_mlp", 2048, []), ("shakespeare_cpu", 12, []),
+                                               ("shakespeare_cpu", 256, []), ("gpt2_124m", 8, SMALL_GPT2)])
+def test_memory_estimate_of_an_evaluation_within_15_percent_of_the_cpu_peak(name, batch, sets):
+    cfg = config.load(str(HERE / f"configs/{name}.toml"), [f"train.batch_size={batch}", "train.grad_accum=1", *sets])
+    info = memory.info_of(cfg)
+    est = memory.estimate(cfg, info, device="cpu")
+    gates.check(f"|estimated / measured evaluation peak - 1|, {name}, micro-batch {batch} (CPU)",
+                abs(est["evaluation"] / memory.cpu_eval_peak(cfg, info) - 1), "<=", 0.15)
+
+
+def test_gpt2_124m_evaluates_in_less_memory_than_it_trains():
+    cfg = config.load(str(HERE / "configs/gpt2_124m.toml"), [])
+    est = memory.estimate(cfg, memory.info_of(cfg))  # model.gpt.vocab_size is set: no token files needed
+    gates.check("gpt2_124m.toml, one GPU: estimated evaluation peak / training peak (GiB: "
+                f"{est['eval_peak'] / 2**30:.2f} / {est['peak'] / 2**30:.2f})", est["eval_peak"] / est["peak"], "<", 1)
+
+
 # --- Muon against AdamW (muon_lab.py) -------------------------------------------------------------------------------
 MUON_GATE_STEPS = 40  # the lab trains 240 steps; the gate repeats its comparison, shorter
 

@@ -14,6 +14,9 @@ Counted, in bytes, for one process (no FSDP sharding), float32 weights and AdamW
                        the gradients of log_softmax's output and of its input: a large vocabulary's peak)
                        (+ gradients 4/param while accumulating)
             optimizer: gradients 4/param + AdamW's temporaries (CUDA foreach: 4/param; CPU: 2 x the largest tensor)
+evaluation  what an evaluation forward and loss holds at its peak, in batches of the training micro-batch (train.py
+            evaluates so): every tensor it creates counted from its creation until it is freed (`LiveBytes`), under
+            no_grad, so nothing is kept for backward; `eval_peak` = resting + evaluation, below the training peak.
 Reported beside them, not added: `logits`, one micro-batch's in fp32 (B x T x V x 4 for a GPT; log_softmax saves as
 much, in the activations), and for a GPT `activations_formula`, the curriculum's Megatron-LM estimate
 n_layer x s·b·h·(34 + 5·a·s/h) for 2-byte activations, doubled when training in fp32 (no autocast).
@@ -30,9 +33,12 @@ import argparse
 import json
 import sys
 import tempfile
+import weakref
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import config
 import data
@@ -63,6 +69,38 @@ class SavedBytes:
 
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
+
+
+class LiveBytes(TorchDispatchMode):
+    """The most tensor memory alive at once while open: each storage an op creates counts from its creation until it
+    is freed (a weakref finalizer), outputs that alias an input (views, in-place ops) do not. It works on fake tensors
+    too. What it cannot see: scratch space a kernel allocates and frees inside itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self.alive = 0, 0, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.count(t.untyped_storage(), inputs)
+        return out
+
+    def count(self, storage: torch.UntypedStorage, inputs: set[int]) -> None:
+        key = id(storage)
+        if key in inputs or key in self.alive or storage.nbytes() == 0:
+            return
+        self.alive.add(key)
+        self.live += storage.nbytes()
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self.free, key, storage.nbytes())
+
+    def free(self, key: int, nbytes: int) -> None:
+        if key in self.alive:
+            self.alive.discard(key)
+            self.live -= nbytes
 
 
 def saved_bytes(fn, *skip) -> int:
@@ -104,6 +142,19 @@ def activations(cfg: config.Config, info, batch: int) -> tuple[int, int, int]:
     return sum(counter.storages.values()), max(counter.storages.values()), logits.numel() * 4
 
 
+def evaluation(cfg: config.Config, info, batch: int) -> int:
+    """The peak bytes an evaluation forward and loss at `batch` holds at once (LiveBytes), on fake tensors as
+    `activations` runs them, in eval mode under no_grad."""
+    model = models.build(cfg.model, info, device="meta").eval()
+    with FakeTensorMode():
+        tensors = {name: torch.empty(t.shape, dtype=t.dtype)
+                   for name, t in [*model.named_parameters(), *model.named_buffers()]}
+        x, y = sample_batch(info, batch)
+        with torch.no_grad(), models.autocast(cfg.train, "cpu")(), LiveBytes() as counter:
+            tasks.for_data(info).loss(torch.func.functional_call(model, tensors, (x,)), y)
+    return counter.peak
+
+
 def activations_formula(cfg: config.Config, info, micro: int) -> int:
     """The curriculum's Megatron-LM count for a GPT: s·b·h·(34 + 5·a·s/h) bytes per layer with 2-byte activations
     (s = data.block_size, b = micro-batch, h = n_embd, a = n_head), times n_layer; x 2 without autocast (fp32)."""
@@ -123,6 +174,7 @@ class Estimator:
         self.largest_param = max(p.numel() for p in model.parameters()) * 4
         self.sample_bytes = sum(t.nbytes for t in sample_batch(info, 1))
         self.at_1, self.at_2 = activations(cfg, info, 1), activations(cfg, info, 2)
+        self.eval_1, self.eval_2 = evaluation(cfg, info, 1), evaluation(cfg, info, 2)
 
     def __call__(self, micro: int) -> dict:
         # each measured figure is a line in the batch: through its values at 1 and 2
@@ -137,6 +189,8 @@ class Estimator:
         e["step_peak"] = max(e["backward"], e["optimizer_step"])
         e["resting"] = e["weights"] + e["optimizer"] + e["batch"]
         e["peak"] = e["resting"] + e["step_peak"]
+        e["evaluation"] = (2 * self.eval_1 - self.eval_2) + (self.eval_2 - self.eval_1) * micro
+        e["eval_peak"] = e["resting"] + e["evaluation"]
         return e
 
     def largest_micro_batch(self, budget: int) -> int:
@@ -156,6 +210,21 @@ class Estimator:
 def estimate(cfg: config.Config, info, device: str = "cuda", world: int = 1) -> dict:
     """The breakdown described in the module docstring, in bytes, at the config's micro-batch."""
     return Estimator(cfg, info, device)(cfg.train.batch_size // (cfg.train.grad_accum * world))
+
+
+def cpu_eval_peak(cfg: config.Config, info) -> int:
+    """Measured on the CPU: the most an evaluation forward and loss at the micro-batch allocates (allocation_peak)."""
+    torch.manual_seed(0)
+    model = models.build(cfg.model, info).eval()
+    x, y = sample_batch(info, cfg.train.batch_size // cfg.train.grad_accum)
+
+    @torch.no_grad()
+    def forward():
+        with models.autocast(cfg.train, "cpu")():
+            tasks.for_data(info).loss(model(x), y)
+
+    forward()
+    return allocation_peak(forward)
 
 
 def cpu_step_peak(cfg: config.Config, info) -> int:
@@ -241,9 +310,10 @@ def main(argv=None) -> None:
     print(f"{cfg.model.name}: {e['params']:,} parameters, micro-batch {e['micro_batch']}")
     scale = "2-byte activations (autocast)" if cfg.train.amp else "2-byte activations x 2 (fp32)"
     notes = {"logits": "fp32, in activations as log_softmax's output; its backward adds two as large",
-             "activations_formula": f"the curriculum's Megatron formula, {scale}"}
+             "activations_formula": f"the curriculum's Megatron formula, {scale}",
+             "eval_peak": "an evaluation (micro-batches, no_grad): resting + evaluation"}
     for key in ("weights", "optimizer", "batch", "resting", "activations", "logits", "activations_formula",
-                "backward", "optimizer_step", "step_peak", "peak"):
+                "backward", "optimizer_step", "step_peak", "peak", "evaluation", "eval_peak"):
         if key in e:
             print(f"  {key:<20}{e[key] / 2**20:10.2f} MiB  {notes.get(key, '')}".rstrip())
     print(f"  + CUDA context and cuBLAS/cuDNN workspaces: not counted; each card keeps {CONTEXT_GIB} GiB for them")
