@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -402,18 +403,34 @@ def profiler(cfg, run_dir: Path, enabled: bool, closing):
     return prof
 
 
-# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) of common cards, matched by name; other cards: no MFU figure.
-CUDA_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12,
-                  "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12}
+# Dense peaks (FLOP/s, no sparsity) from NVIDIA's datasheets: (bf16 and fp16 on tensor cores with fp32 accumulation,
+# as torch's matmuls run; fp32 on CUDA cores, since torch's default float32 matmul precision does not use TF32).
+# A card not here gets no MFU and says so: V100 has no bf16 tensor cores, and a variant (RTX 3090 Ti) is not its base.
+CUDA_PEAK = {"H100": (989.4e12, 66.9e12), "H100 PCIe": (756.5e12, 51.2e12), "H100 NVL": (835.5e12, 60e12),
+             "H200": (989.4e12, 66.9e12), "H200 NVL": (835.5e12, 60e12), "A100": (312e12, 19.5e12),
+             "L40S": (362.05e12, 91.6e12), "L4": (121e12, 30.3e12), "RTX 4090": (165.2e12, 82.6e12),
+             "RTX 3090": (71e12, 35.6e12)}
+
+
+def cuda_card(name: str) -> str | None:
+    """The CUDA_PEAK key of a device name: the key followed by nothing, a memory size or a form factor ("NVIDIA H100
+    80GB HBM3", "NVIDIA A100-SXM4-40GB"), so that "H100 PCIe" is not read as "H100", nor "L40S" as "L4"."""
+    for key in sorted(CUDA_PEAK, key=len, reverse=True):
+        if re.search(rf"\b{re.escape(key)}(?=$|[ -]\d+GB|-SXM|-PCIE)", name):
+            return key
+    return None
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
-    """(FLOP/s, where it comes from): on CUDA the card's bf16 peak from the table (None for a card not in it); on a
-    CPU the best of a few square matmuls at `dtype` with this process's threads, measured now (~0.5 s)."""
+    """(FLOP/s, where it comes from): on CUDA the card's peak at `dtype` from CUDA_PEAK (None for a card not in it);
+    on a CPU the best of a few square matmuls at `dtype` with this process's threads, measured now (~0.5 s)."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in CUDA_BF16_PEAK.items() if k in name), None)
-        return peak, f"{name} bf16 peak (table)" if peak else f"{name}: not in runlog.CUDA_BF16_PEAK"
+        name, card = torch.cuda.get_device_name(device), cuda_card(torch.cuda.get_device_name(device))
+        if card is None:
+            return None, f"{name}: not in runlog.CUDA_PEAK"
+        low_precision, fp32 = CUDA_PEAK[card]
+        peak = fp32 if dtype == torch.float32 else low_precision
+        return peak, f"{name}: {card}'s dense {str(dtype).split('.')[-1]} peak (runlog.CUDA_PEAK)"
     if device.type != "cpu":
         return None, f"{device.type}: no peak known"
     n, g = 1024, torch.Generator().manual_seed(0)  # its own generator: a resumed run's RNG state stays untouched

@@ -471,3 +471,19 @@ def test_evaluation_runs_in_micro_batches_as_training_does(task, tmp_path, corpu
     sizes = EvalBatchSizes()
     train.run(cfg_of(values, tmp_path / "run"), [sizes])
     assert sizes.sizes and max(sizes.sizes) == TINY["train.batch_size"] // 4, sizes.sizes
+
+
+@pytest.mark.parametrize("name, dtype, expected", [
+    ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989.4e12), ("NVIDIA H100 80GB HBM3", torch.float32, 66.9e12),
+    ("NVIDIA H100 PCIe", torch.bfloat16, 756.5e12), ("NVIDIA H100 NVL", torch.float16, 835.5e12),
+    ("NVIDIA H200", torch.bfloat16, 989.4e12), ("NVIDIA H200 NVL", torch.bfloat16, 835.5e12),
+    ("NVIDIA A100-SXM4-80GB", torch.bfloat16, 312e12), ("NVIDIA A100 80GB PCIe", torch.float32, 19.5e12),
+    ("NVIDIA L40S", torch.bfloat16, 362.05e12), ("NVIDIA L4", torch.bfloat16, 121e12),
+    ("NVIDIA GeForce RTX 3090", torch.bfloat16, 71e12), ("NVIDIA GeForce RTX 3090 Ti", torch.bfloat16, None),
+    ("Tesla V100-SXM2-16GB", torch.bfloat16, None)])
+def test_the_cuda_peak_is_the_cards_own_at_the_runs_dtype_and_a_card_not_in_the_table_gets_none(name, dtype, expected,
+                                                                                                  monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    peak, source = runlog.peak_flops(torch.device("cuda"), dtype)
+    assert peak == expected, source
+    assert (name in source) and ("not in runlog.CUDA_PEAK" in source) == (expected is None)
