@@ -928,6 +928,19 @@ def test_memory_estimate_of_an_evaluation_within_15_percent_of_the_cpu_peak(name
                 abs(est["evaluation"] / memory.cpu_eval_peak(cfg, info) - 1), "<=", 0.15)
 
 
+@pytest.mark.parametrize("name, micro", [("mnist_mlp", 2048), ("mnist_resnet", 512)])
+def test_the_largest_saved_tensor_extrapolated_from_batch_1_and_2_is_the_one_counted_at_the_micro_batch(name, micro):
+    """With bf16 autocast the largest tensor saved at batch 1 and 2 is a weight's bf16 copy, at the micro-batch an
+    activation: each saved tensor is extrapolated through its own line."""
+    cfg = config.load(str(HERE / f"configs/{name}.toml"), ["train.amp=true", f"train.batch_size={micro}"])
+    info = memory.info_of(cfg)
+    est = memory.Estimator(cfg, info, device="cpu")(micro)
+    counted = memory.activations(cfg, info, micro)
+    gates.check(f"{name}, bf16 autocast, micro-batch {micro}: the backward term's largest saved tensor, estimated / "
+                "counted at the micro-batch", (est["backward"] - est["activations"]) / max(max(counted[1]),
+                                                                                           2 * counted[2]), "==", 1)
+
+
 def test_gpt2_124m_evaluates_in_less_memory_than_it_trains():
     cfg = config.load(str(HERE / "configs/gpt2_124m.toml"), [])
     est = memory.estimate(cfg, memory.info_of(cfg))  # model.gpt.vocab_size is set: no token files needed

@@ -127,10 +127,10 @@ def info_of(cfg: config.Config):
     return data.build(cfg.data, cfg.run.seed).info
 
 
-def activations(cfg: config.Config, info, batch: int) -> tuple[int, int, int]:
-    """(bytes saved for backward, the largest single saved tensor, the logits in fp32) for one forward and loss at
-    `batch`: the model is built on the meta device (no initialisation) and called on fake CPU tensors of its
-    parameters and buffers."""
+def activations(cfg: config.Config, info, batch: int) -> tuple[int, list[int], int]:
+    """(bytes saved for backward, each saved storage's bytes in the order they were saved, the logits in fp32) for
+    one forward and loss at `batch`: the model is built on the meta device (no initialisation) and called on fake CPU
+    tensors of its parameters and buffers."""
     model = models.build(cfg.model, info, device="meta")
     with FakeTensorMode():
         tensors = {name: torch.empty(t.shape, dtype=t.dtype, requires_grad=t.requires_grad)
@@ -139,7 +139,7 @@ def activations(cfg: config.Config, info, batch: int) -> tuple[int, int, int]:
         with SavedBytes(*tensors.values(), x, y) as counter, models.autocast(cfg.train, "cpu")():
             logits = torch.func.functional_call(model, tensors, (x,))
             tasks.for_data(info).loss(logits, y)
-    return sum(counter.storages.values()), max(counter.storages.values()), logits.numel() * 4
+    return sum(counter.storages.values()), list(counter.storages.values()), logits.numel() * 4
 
 
 def evaluation(cfg: config.Config, info, batch: int) -> int:
@@ -163,6 +163,11 @@ def activations_formula(cfg: config.Config, info, micro: int) -> int:
     return round(per_layer * gpt.n_layer * (1 if cfg.train.amp else 2))
 
 
+def at(v1: int, v2: int, micro: int) -> int:
+    """A figure linear in the batch, from its values at batch 1 and 2, at batch `micro`."""
+    return (2 * v1 - v2) + (v2 - v1) * micro
+
+
 class Estimator:
     """Measures a config once (its parameters on the meta device, the saved activations at batch 1 and 2); called
     with a micro-batch, returns the breakdown described in the module docstring, in bytes."""
@@ -178,7 +183,11 @@ class Estimator:
 
     def __call__(self, micro: int) -> dict:
         # each measured figure is a line in the batch: through its values at 1 and 2
-        act, largest, logits = ((2 * v1 - v2) + (v2 - v1) * micro for v1, v2 in zip(self.at_1, self.at_2))
+        (act_1, sizes_1, logits_1), (act_2, sizes_2, logits_2) = self.at_1, self.at_2
+        act, logits = (at(v1, v2, micro) for v1, v2 in ((act_1, act_2), (logits_1, logits_2)))
+        # the largest saved tensor, each through its own line: at batch 1 and 2 it may be a weight (autocast's bf16
+        # copy), at the micro-batch an activation
+        largest = max(at(v1, v2, micro) for v1, v2 in zip(sizes_1, sizes_2, strict=True))
         params = self.params
         e = {"params": params, "micro_batch": micro, "weights": 4 * params, "grads": 4 * params,
              "optimizer": 8 * params, "batch": micro * self.sample_bytes, "activations": act, "logits": logits}
@@ -189,7 +198,7 @@ class Estimator:
         e["step_peak"] = max(e["backward"], e["optimizer_step"])
         e["resting"] = e["weights"] + e["optimizer"] + e["batch"]
         e["peak"] = e["resting"] + e["step_peak"]
-        e["evaluation"] = (2 * self.eval_1 - self.eval_2) + (self.eval_2 - self.eval_1) * micro
+        e["evaluation"] = at(self.eval_1, self.eval_2, micro)
         e["eval_peak"] = e["resting"] + e["evaluation"]
         return e
 
