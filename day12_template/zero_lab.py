@@ -20,6 +20,7 @@ one file) and sharded (each rank writes its own shard with torch.distributed.che
 save (every rank waits for it), the bytes each rank writes and the bytes rank 0 holds to write them.
 """
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -119,6 +120,7 @@ def build_measured(cfg: config.Config, info, d: distributed.Dist) -> tuple[torch
     def build() -> None:
         built.append(train.build_model(cfg, info, d))
 
+    gc.collect()  # earlier objects freed inside the measured window would lower the running total it reads
     peak = memory.allocation_peak(build)
     model = built[0]
     sizes = [p.numel() * p.element_size() for p in model.parameters()]  # a DTensor's numel is its full shape's
