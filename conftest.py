@@ -16,8 +16,14 @@ from sprint import cli, gates
 collect_ignore = gates.NOT_COLLECTED
 
 
+def pytest_addoption(parser):
+    parser.addoption("--session-record", metavar="FILE", default=None,
+                     help="also write this session's every outcome and gate to FILE (scripts/gpu_gates.sh uses it)")
+
+
 def pytest_configure(config):
-    config.pluginmanager.register(gates.OutcomeRecorder(), "sprint-outcomes")  # runs/gates/<folder>.outcomes.json
+    recorder = gates.OutcomeRecorder(session_record=config.getoption("--session-record"))
+    config.pluginmanager.register(recorder, "sprint-outcomes")  # runs/gates/<folder>.outcomes.json
 
 
 def pytest_collection_modifyitems(config, items):

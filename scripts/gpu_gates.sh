@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA-only gates (marked `gpu`), for a machine with an NVIDIA GPU. Budget: under 8 minutes, enforced: past
 # GPU_GATES_LIMIT seconds (default 480) pytest gets SIGINT, prints where each hung test was, and the script exits 124.
+# Results: runs/gpu_gates/record.json (every test's outcome and gates, the device, torch and CUDA versions) and
+# runs/gpu_gates/gpu_gates.md, its table (scripts/gpu_results.py), written however the run ends.
 # Exit code: pytest's own where torch sees a CUDA device. Where it sees none, nothing runs and the script exits 77
 # (the "skipped" code of automake-style test harnesses), so "nothing ran" never reads as a pass.
 set -euo pipefail
@@ -21,8 +23,11 @@ elif [ "$status" -ne 0 ]; then
     exit "$status"
 fi
 limit="${GPU_GATES_LIMIT:-480}"
-timeout --signal=INT --kill-after=30 "$limit" pytest -m gpu "$@" || status=$?
+record=runs/gpu_gates/record.json
+rm -f "$record"
+timeout --signal=INT --kill-after=30 "$limit" pytest -m gpu --session-record "$record" "$@" || status=$?
 if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
     echo "gpu_gates: stopped after $limit s (the 8-minute budget): the traceback above shows the test that hung" >&2
 fi
+python scripts/gpu_results.py "$record" || true
 exit "$status"

@@ -137,8 +137,8 @@ class OutcomeRecorder:
     it (`scripts/report.py`) cannot lose a failure. A folder that ran only in part (some of its files, `file::test`,
     `-k`, `-m`, `-x`, an interrupt) is not written: the last complete record stays."""
 
-    def __init__(self, out_dir: Path = GATES_DIR, root: Path = REPO_ROOT):
-        self.out_dir, self.root = Path(out_dir), Path(root)
+    def __init__(self, out_dir: Path = GATES_DIR, root: Path = REPO_ROOT, session_record: Path | None = None):
+        self.out_dir, self.root, self.session_record = Path(out_dir), Path(root), session_record
         self.tests: dict[str, dict] = {}  # nodeid -> {"outcome", "duration", "message", "gates"}
         self.collected: dict[str, set[str]] = {}  # folder -> nodeids
         self.files: dict[str, set[str]] = {}  # folder -> test files
@@ -213,6 +213,12 @@ class OutcomeRecorder:
     def pytest_sessionfinish(self, session, exitstatus):
         from importlib.metadata import version
 
+        if self.session_record:  # `pytest --session-record FILE`: this session whole, however partial or interrupted
+            write_json(Path(self.session_record), {
+                "started": self.started, "finished": time.time(), "exit_status": int(exitstatus),
+                "torch": version("torch"), "cuda": torch_cuda(), "args": list(session.config.args),
+                "tests": self.tests, "gates": [{**asdict(r), "test": getattr(r, "test", None)}
+                                               for r in RECORDED[self.first:]]})
         for folder in self.collected.keys() | self.errors.keys():
             nodeids = self.collected.get(folder, set())
             if folder in self.partial or not nodeids <= self.tests.keys() or (
@@ -223,8 +229,21 @@ class OutcomeRecorder:
                       "tests": {n: self.tests[n] for n in sorted(nodeids)},
                       "gates": [{**asdict(r), "test": getattr(r, "test", None)}
                                 for r in RECORDED[self.first:] if r.day == folder]}
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            path = self.out_dir / f"{folder}.outcomes.json"
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(record, indent=1, default=_jsonable) + "\n")
-            os.replace(tmp, path)
+            write_json(self.out_dir / f"{folder}.outcomes.json", record)
+
+
+def write_json(path: Path, record: dict) -> None:
+    """`record` as JSON at `path`, written whole or not at all (a temporary file renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+def torch_cuda() -> dict:
+    """The CUDA device this session saw, by name, with torch's CUDA runtime version; {} without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"device": torch.cuda.get_device_name(0), "runtime": torch.version.cuda, "count": torch.cuda.device_count()}

@@ -5,6 +5,7 @@ The checks that guard a promise are functions of text (a source file, `.ci/run`,
 twice: on the repo's own file, and on a broken copy that it must reject.
 """
 import ast
+import json
 import os
 import re
 import shlex
@@ -436,6 +437,19 @@ def test_gpu_gates_script_stops_a_hung_run_at_its_time_limit_and_says_so(tmp_pat
                           text=True, timeout=60)
     assert proc.returncode == 124, proc.stdout + proc.stderr
     assert "interrupted in test_hangs" in proc.stdout and "stopped after 1 s" in proc.stderr
+
+
+def test_a_session_record_holds_every_test_and_gate_of_a_partial_run_and_renders_as_a_table(tmp_path):
+    record = tmp_path / "record.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--session-record",
+                           str(record), "day04_mlp_mnist/check.py", "-k", "bad_flag and lr and nan"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    written = json.loads(record.read_text())
+    assert [t["outcome"] for t in written["tests"].values()] == ["passed"] and written["gates"], written
+    assert subprocess.run([sys.executable, "scripts/gpu_results.py", str(record)], cwd=ROOT).returncode == 0
+    table = (tmp_path / "gpu_gates.md").read_text()
+    assert "no CUDA device" in table and "1 passed" in table and written["gates"][0]["name"] in table
 
 
 def test_licence_file_is_the_mit_licence_pyproject_declares():
