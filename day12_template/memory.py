@@ -127,14 +127,19 @@ def info_of(cfg: config.Config):
     return data.build(cfg.data, cfg.run.seed).info
 
 
+def fake_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A fake CPU tensor for each of a meta model's parameters and buffers (call inside FakeTensorMode)."""
+    return {name: torch.empty(t.shape, dtype=t.dtype, requires_grad=t.requires_grad)
+            for name, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
 def activations(cfg: config.Config, info, batch: int) -> tuple[int, list[int], int]:
     """(bytes saved for backward, each saved storage's bytes in the order they were saved, the logits in fp32) for
     one forward and loss at `batch`: the model is built on the meta device (no initialisation) and called on fake CPU
     tensors of its parameters and buffers."""
     model = models.build(cfg.model, info, device="meta")
     with FakeTensorMode():
-        tensors = {name: torch.empty(t.shape, dtype=t.dtype, requires_grad=t.requires_grad)
-                   for name, t in [*model.named_parameters(), *model.named_buffers()]}
+        tensors = fake_tensors(model)
         x, y = sample_batch(info, batch)
         with SavedBytes(*tensors.values(), x, y) as counter, models.autocast(cfg.train, "cpu")():
             logits = torch.func.functional_call(model, tensors, (x,))
@@ -147,8 +152,7 @@ def evaluation(cfg: config.Config, info, batch: int) -> int:
     `activations` runs them, in eval mode under no_grad."""
     model = models.build(cfg.model, info, device="meta").eval()
     with FakeTensorMode():
-        tensors = {name: torch.empty(t.shape, dtype=t.dtype)
-                   for name, t in [*model.named_parameters(), *model.named_buffers()]}
+        tensors = fake_tensors(model)
         x, y = sample_batch(info, batch)
         with torch.no_grad(), models.autocast(cfg.train, "cpu")(), LiveBytes() as counter:
             tasks.for_data(info).loss(torch.func.functional_call(model, tensors, (x,)), y)

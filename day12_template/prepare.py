@@ -110,15 +110,19 @@ def write_folder(out: Path, ids: dict[str, np.ndarray], meta: dict) -> None:
         raise
 
 
+# --tokens: (the splits' token ids and meta, the token count of a document for the hygiene report)
+TOKENIZERS = {"chars": (as_characters, characters), "bytes": (as_bytes, len)}
+
+
 def prepare(folder: Path, out: Path, tokens: str, share: float, seed: int, pattern: str) -> dict:
     """Everything the command does; returns {split: documents, tokens} and the vocabulary size."""
+    tokenize, count_tokens = TOKENIZERS[tokens]
     documents = read_documents(folder, pattern)
     names = hold_out(documents, share, seed)
-    for check in text_hygiene({split: {n: documents[n] for n in names[split]} for split in SPLITS},
-                              len if tokens == "bytes" else characters):
+    for check in text_hygiene({split: {n: documents[n] for n in names[split]} for split in SPLITS}, count_tokens):
         print(f"  {check.status:<8}{check.kind:<8}{check.text}")
     raw = {split: joined(documents, names[split]) for split in SPLITS}
-    ids, meta = as_bytes(raw) if tokens == "bytes" else as_characters(raw)
+    ids, meta = tokenize(raw)
     write_folder(out, ids, meta)
     return {"splits": {split: (len(names[split]), len(ids[split])) for split in SPLITS},
             "vocab_size": meta["vocab_size"]}
@@ -129,7 +133,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="the folder of text files, one document each")
     parser.add_argument("out", type=Path, help="the token folder to write (data.root of a tokens run); must not exist")
-    parser.add_argument("--tokens", choices=("chars", "bytes"), default="chars",
+    parser.add_argument("--tokens", choices=tuple(TOKENIZERS), default="chars",
                         help="chars: one token per distinct character (default); bytes: 256 byte tokens")
     parser.add_argument("--held-out", type=float, default=0.05,
                         help="share of the bytes held out for val, and as much for test (default 0.05)")

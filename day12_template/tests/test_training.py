@@ -462,7 +462,11 @@ class EvalBatchSizes(train.Hook):
         self.sizes = []
 
     def attach(self, model, module, progress) -> None:
-        model.register_forward_pre_hook(lambda m, args: None if m.training else self.sizes.append(len(args[0])))
+        model.register_forward_pre_hook(self.record)
+
+    def record(self, model, args) -> None:
+        if not model.training:
+            self.sizes.append(len(args[0]))
 
 
 @pytest.mark.parametrize("task", ["classify", "lm"])
