@@ -22,19 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts and configs
+sys.path.insert(0, str(TEMPLATE))
 
-import torch  # noqa: E402
+import torch
 
-import config  # noqa: E402
-import data  # noqa: E402
-import models  # noqa: E402
-import runlog  # noqa: E402
-import sample  # noqa: E402
-import tasks  # noqa: E402
-import text  # noqa: E402
-import train  # noqa: E402
+from train_template import config, data, models, runlog, sample, tasks, text, train
 
 FIRST, LAST = 10, 210  # steps timed: after warm-up, before the first evaluation (mnist: 214 steps; GPT: 250)
 SAMPLE_TOKENS = 500
@@ -126,7 +121,7 @@ def scale_out(cfg_path: Path, runs: Path) -> dict:
                                                                      "--nproc_per_node=2"])):
         out = runs / name.replace(" ", "_").replace(",", "").replace(":", "")
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [sys.executable, *launcher, str(HERE / "train.py"), "--config", str(cfg_path), "--set", *BASE,
+        cmd = [sys.executable, *launcher, str(TEMPLATE / "train.py"), "--config", str(cfg_path), "--set", *BASE,
                "train.progress=off", "train.strategy=ddp", f"run.out_dir={out}"]
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -167,8 +162,8 @@ def markdown(res: dict) -> str:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=HERE / "configs" / "mnist_mlp.toml")
-    parser.add_argument("--gpt-config", type=Path, default=HERE / "configs" / "shakespeare_cpu.toml")
+    parser.add_argument("--config", type=Path, default=TEMPLATE / "configs" / "mnist_mlp.toml")
+    parser.add_argument("--gpt-config", type=Path, default=TEMPLATE / "configs" / "shakespeare_cpu.toml")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=HERE / "runs" / "bench")
     args = parser.parse_args(argv)

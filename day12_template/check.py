@@ -3,7 +3,7 @@ alike, resumes bit-for-bit after SIGKILL, scales out under torchrun (DDP and FSD
 rejects bad input before writing anything, and fails safely (signals, NaN, a full disk, a kill between two links).
 
 Run:  python day12_template/check.py      (or `pytest day12_template`: the same; the template's own tests/ run
-inside the copy gate, in a venv outside the repo, and `pytest day12_template/tests` runs them here)
+inside the copy gate, in a venv outside the repo, and `pytest day12_template/template/tests` runs them here)
 Most gates train a tiny MLP on generated data or a tiny GPT on the bundled Shakespeare, both ways where a promise
 holds for every task; the MNIST > 98% and the CPU recipe's 600-step gates (slow) train the shipped configs.
 """
@@ -38,35 +38,24 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts, configs and tests
 sys.path.insert(0, str(ROOT))  # the repo's gate recorder
-sys.path.insert(0, str(HERE))  # the template's own modules, imported as the template imports them
-sys.path.insert(0, str(HERE / "tests"))  # the helpers the template's own tests share
+sys.path.insert(0, str(HERE))  # the day's demo and labs
+sys.path.insert(0, str(TEMPLATE))  # the package, imported as its own scripts import it
+sys.path.insert(0, str(TEMPLATE / "tests"))  # the helpers the template's own tests share
 
-import checkpoint  # noqa: E402
-import compare_runs  # noqa: E402
-import config  # noqa: E402
-import main as demo  # noqa: E402
-import data  # noqa: E402
-import distributed  # noqa: E402
-import doctor  # noqa: E402
-import faults  # noqa: E402
-import memory  # noqa: E402
-import models  # noqa: E402
 import drills_lab  # noqa: E402
+import main as demo  # noqa: E402
 import muon_lab  # noqa: E402
-import runlog  # noqa: E402
-import runlock  # noqa: E402
 import same_numbers  # noqa: E402
-import signals  # noqa: E402
-import tasks  # noqa: E402
-import text  # noqa: E402
-import train  # noqa: E402
-import troubleshoot as ts  # noqa: E402
 import zero_lab  # noqa: E402
-from troubleshoot import checks  # noqa: E402
-from faults import Faults  # noqa: E402
-from helpers import (FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, every_record, full,  # noqa: E402
-                     launch, reached, sets, sha, tiny_lm, train_records)
+from train_template import (checkpoint, compare_runs, config, data, distributed, doctor, memory, models,  # noqa: E402
+                            runlock, runlog, signals, tasks, text, train)
+from train_template import troubleshoot as ts  # noqa: E402
+from train_template.troubleshoot import checks, faults  # noqa: E402
+from train_template.troubleshoot.faults import Faults  # noqa: E402
+from helpers import (FAULTS, FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, every_record,  # noqa: E402
+                     full, launch, reached, sets, sha, tiny_lm, train_records)
 from sprint.gates import Gates, run_this_file  # noqa: E402
 from sprint.measure import one_thread  # noqa: E402
 
@@ -102,15 +91,15 @@ def test_config_has_the_curriculum_templates_21_fields_each_with_its_reason():
     gates.check("curriculum template fields present", sum(n in leaves for n in names), "==", 21)
     no_reason = [k for k, (f, _) in config.fields().items() if len(f.metadata["why"]) < 15]
     gates.check("config fields without a one-line reason", len(no_reason), "==", 0)
-    readme = (HERE / "README.md").read_text()
+    readme = (TEMPLATE / "README.md").read_text()
     gates.check("config fields missing from the README", [k for k in config.fields() if f"`{k}`" not in readme],
                 "==", [])
 
 
 def test_a_bad_value_on_the_real_command_line_exits_2_before_any_work(tmp_path):
     out = tmp_path / "run"
-    code, text = launch([sys.executable, str(HERE / "train.py"), "--config", str(HERE / "configs/mnist_mlp.toml"),
-                         "--set", f"run.out_dir={out}", "train.grad_accum=0"])
+    code, text = launch([sys.executable, str(TEMPLATE / "train.py"), "--config",
+                         str(TEMPLATE / "configs/mnist_mlp.toml"), "--set", f"run.out_dir={out}", "train.grad_accum=0"])
     gates.check("exit code of `train.py --set train.grad_accum=0`", code, "==", 2)
     assert "train.grad_accum" in text and not out.exists(), text
 
@@ -133,15 +122,16 @@ def test_out_dir_probe_creates_the_missing_folder_and_leaves_nothing_behind(tmp_
 def test_output_into_a_closed_pipe_ends_quietly(script, flag):
     read, write = os.pipe()
     os.close(read)  # `| head -1` that has already gone
-    proc = subprocess.run([sys.executable, str(HERE / script), flag], stdout=write, stderr=subprocess.PIPE,
+    proc = subprocess.run([sys.executable, str(TEMPLATE / script), flag], stdout=write, stderr=subprocess.PIPE,
                           text=True, timeout=120, env=child_env())
     os.close(write)
     assert proc.returncode in (0, 141) and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
 
 
 def test_running_out_of_memory_is_one_line_exit_1_and_no_run_folder(tmp_path):
-    proc = subprocess.run([sys.executable, str(HERE / "train.py"), "--config", str(HERE / "configs/synthetic_smoke.toml"),
-                           "--set", "model.mlp.hidden=1000000000000", f"run.out_dir={tmp_path / 'run'}"],
+    proc = subprocess.run([sys.executable, str(TEMPLATE / "train.py"), "--config",
+                           str(TEMPLATE / "configs/synthetic_smoke.toml"), "--set", "model.mlp.hidden=1000000000000",
+                           f"run.out_dir={tmp_path / 'run'}"],
                           capture_output=True, text=True, timeout=120, env=child_env())
     gates.check("a model too big for memory (hidden 1e12): exit code, error lines, traceback, run folder",
                 [proc.returncode, proc.stderr.count("error: out of memory"), "Traceback" in proc.stderr,
@@ -191,7 +181,7 @@ def test_demo_and_memory_report_missing_data_in_one_line_exit_1(tmp_path, monkey
     monkeypatch.setattr(data, "find_idx", no_files)  # as in a copy outside the repo with no network
     root = str(tmp_path / "mnist")
     for run_it in (lambda: demo.main(["--quick", "--data-root", root, "--runs", str(tmp_path / "runs")]),
-                   lambda: memory.main(["--config", str(HERE / "configs/mnist_mlp.toml"), "--set",
+                   lambda: memory.main(["--config", str(TEMPLATE / "configs/mnist_mlp.toml"), "--set",
                                         f"data.root={root}"])):
         with pytest.raises(SystemExit) as exit_:
             run_it()
@@ -219,7 +209,7 @@ def test_resume_with_a_changed_config_is_refused_listing_the_fields(tmp_path, ca
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "run"
-    cfg = config.load(str(HERE / "configs/synthetic_smoke.toml"), [f"run.out_dir={out}", "train.progress=off"])
+    cfg = config.load(str(TEMPLATE / "configs/synthetic_smoke.toml"), [f"run.out_dir={out}", "train.progress=off"])
     t0 = time.process_time()  # CPU time: what the run costs, whatever else the machine is doing meanwhile
     result = train.run(cfg)
     return {"result": result, "out": out, "cfg": cfg, "cpu_seconds": time.process_time() - t0}
@@ -244,7 +234,7 @@ def test_run_folder_holds_the_effective_config_and_run_metadata(smoke):
 
 
 def test_every_shipped_config_is_valid():
-    shipped = sorted((HERE / "configs").glob("*.toml"))
+    shipped = sorted((TEMPLATE / "configs").glob("*.toml"))
     valid = [p.stem for p in shipped if config.load(str(p), []) is not None]
     gates.check("shipped configs that load and pass every check", len(valid), "==", len(shipped))
     gates.check("datasets and models covered by the shipped configs",
@@ -254,32 +244,37 @@ def test_every_shipped_config_is_valid():
 
 @pytest.mark.slow
 def test_mnist_mlp_config_passes_98_percent_test_accuracy(tmp_path):
-    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [f"run.out_dir={tmp_path / 'run'}",
+    cfg = config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), [f"run.out_dir={tmp_path / 'run'}",
                                                                "train.progress=off"])
     result = train.run(cfg)
     gates.check("test images evaluated", len(data.build(cfg.data, 0).test), "==", 10_000)
     gates.check("MNIST + MLP config: test accuracy of best.pt", result["test_acc"], ">", 0.98)
 
 
-def test_template_imports_nothing_from_the_repo():
+def test_the_template_folder_holds_the_template_alone():
+    """What `cp -r day12_template/template` copies: no module that imports the course (sprint/, a day, this day's
+    demo, labs or gates) and no results or run folder among its files."""
     import ast
 
-    offenders = []
-    for path in HERE.rglob("*.py"):
-        if path.name == "check.py" or "runs" in path.relative_to(HERE).parts:  # check.py: the repo's gate recorder
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
+    course = {path.stem for path in HERE.glob("*.py")}  # check, main, the labs and benchmarks
+    files = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=TEMPLATE, capture_output=True, text=True,
+                           check=True).stdout.split("\0")
+    offenders = [name for name in files if {"runs", "results"} & set(Path(name).parts)]
+    for name in [name for name in files if name.endswith(".py")]:
+        for node in ast.walk(ast.parse((TEMPLATE / name).read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            offenders += [f"{path.relative_to(HERE)}: {n}" for n in names
-                          if n.split(".")[0] == "sprint" or n.startswith("day")]
-    gates.check("template modules importing sprint/ or another day", offenders, "==", [])
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            offenders += [f"{name}: imports {n}" for n in names
+                          if n.split(".")[0] in {"sprint", *course} or n.startswith("day")]
+    gates.check("files of the template folder: course imports, results or run folders", offenders, "==", [])
+    gates.check("files of the template folder", len(files), ">", 40)
 
 
 def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_path):
-    copy = Path(shutil.copytree(HERE, tmp_path / "my_project", ignore=shutil.ignore_patterns("runs", "__pycache__")))
+    copy = Path(shutil.copytree(TEMPLATE, tmp_path / "my_project",
+                                ignore=shutil.ignore_patterns("runs", "__pycache__")))
     run_dir = copy / "runs" / "synthetic_smoke"  # the config's own relative out_dir, under the copy
-    argv = [sys.executable, "faults.py", "--config", "configs/synthetic_smoke.toml", "--set", "train.log_every=1",
+    argv = [sys.executable, *FAULTS, "--config", "configs/synthetic_smoke.toml", "--set", "train.log_every=1",
             "data.num_workers=2"]
     env = child_env(TEMPLATE_FAULTS="step_sleep=0.05", PYTHONPATH="")
     code, text = launch(argv, cwd=copy, env=env, kill_when=reached(run_dir, 5), sig=signal.SIGINT)
@@ -310,7 +305,7 @@ def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_
     sees this one's packages, so nothing is downloaded; then the installed command trains the smoke config."""
     from sprint.venv import seeing_this_environment  # from a venv, conda or the base interpreter (tests/test_venv.py)
 
-    copy = Path(shutil.copytree(HERE, tmp_path / "my_project",
+    copy = Path(shutil.copytree(TEMPLATE, tmp_path / "my_project",
                                 ignore=shutil.ignore_patterns("runs", "__pycache__", "*.egg-info")))
     venv = seeing_this_environment(tmp_path / "venv")
     # The venv runs this environment's pip and setuptools. PIP_NO_BUILD_ISOLATION=0 *turns isolation off* (pip reads
@@ -335,6 +330,10 @@ def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_
                         cwd=copy, env=env)
     gates.check("`template-train --config configs/synthetic_smoke.toml` in the copy: exit code", code, "==", 0)
     assert (copy / "runs" / "synthetic_smoke" / "best.pt").exists(), text
+    names = ("train_template", "train", "data", "config", "models", "troubleshoot")
+    probe = f"import importlib.util; print([n for n in {names!r} if importlib.util.find_spec(n)])"
+    code, text = launch(["python", "-c", probe], cwd=tmp_path, env=env)  # outside the copy: what the install added
+    gates.check(f"of {', '.join(names)}: the names the copy's venv imports", text.strip(), "==", "['train_template']")
 
 
 # --- datasets and models switched by config only -------------------------------------------------------------------
@@ -418,8 +417,9 @@ def test_a_tiny_gpt_learns_shakespeare_beyond_byte_frequencies_in_seconds(tiny_g
 
 @pytest.mark.slow
 def test_shakespeare_cpu_config_cut_to_600_steps_reaches_its_val_loss(tmp_path):
-    cfg = config.load(str(HERE / "configs/shakespeare_cpu.toml"), [f"run.out_dir={tmp_path / 'run'}", "train.steps=600",
-                                                                    "train.eval_every=600", "train.progress=off"])
+    cfg = config.load(str(TEMPLATE / "configs/shakespeare_cpu.toml"),
+                      [f"run.out_dir={tmp_path / 'run'}", "train.steps=600", "train.eval_every=600",
+                       "train.progress=off"])
     result = train.run(cfg)
     gates.check("shakespeare_cpu.toml (nanoGPT's CPU recipe) cut to 600 steps: val loss on the held-out works "
                 "(nats per byte)", result["best_val_loss"], "<", 2.40)
@@ -500,7 +500,8 @@ def test_doctor_checks_the_gpt_first_loss_against_ln_vocabulary_and_names_an_inj
 
 
 def test_sample_py_writes_text_from_a_run_in_a_copy_outside_the_repo(tmp_path):
-    copy = Path(shutil.copytree(HERE, tmp_path / "my_project", ignore=shutil.ignore_patterns("runs", "__pycache__")))
+    copy = Path(shutil.copytree(TEMPLATE, tmp_path / "my_project",
+                                ignore=shutil.ignore_patterns("runs", "__pycache__")))
     bundle = str(ROOT / "data" / "shakespeare")  # outside the repo the bundle is wherever data.root says
     train_cmd = [sys.executable, "train.py", "--set", *sets({**TINY_LM, "train.steps": 16, "data.root": bundle,
                                                                "run.out_dir": "runs/lm"})]
@@ -520,7 +521,7 @@ def test_sample_py_writes_text_from_a_run_in_a_copy_outside_the_repo(tmp_path):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_sigkill_between_linking_best_and_last_leaves_best_correct(fmt, tmp_path):
     values, run_dir, ref = {**TINY, "train.epochs": 3, **FORMATS[fmt]}, tmp_path / "run", tmp_path / "ref"
-    code, _ = launch([sys.executable, str(HERE / "faults.py"), "--set", *sets({**values, "run.out_dir": str(run_dir)})],
+    code, _ = launch([sys.executable, *FAULTS, "--set", *sets({**values, "run.out_dir": str(run_dir)})],
                      env=child_env(TEMPLATE_FAULTS="kill_between_links=2"))
     assert code == -signal.SIGKILL, code
     best_behind = checkpoint.step_of(run_dir / "best.pt") < checkpoint.step_of(run_dir / "last.pt")
@@ -893,7 +894,7 @@ def test_fp16_gradscaler_unscales_before_clipping(tmp_path):
 
 
 def test_memory_estimate_counts_the_saved_activations_of_the_shipped_config():
-    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [])
+    cfg = config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), [])
     est = memory.estimate(cfg, data.ImageInfo(1, 28, 10), device="cpu")
     micro = cfg.train.batch_size // cfg.train.grad_accum
     model = models.build(cfg.model, data.ImageInfo(1, 28, 10))
@@ -907,7 +908,7 @@ def test_memory_estimate_counts_the_saved_activations_of_the_shipped_config():
 
 @pytest.mark.parametrize("batch", [256, 2048])  # the shipped batch (AdamW's step peaks) and one where backward does
 def test_memory_estimate_within_15_percent_of_the_cpu_step_peak(batch):
-    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [f"train.batch_size={batch}"])
+    cfg = config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), [f"train.batch_size={batch}"])
     est = memory.estimate(cfg, data.ImageInfo(1, 28, 10), device="cpu")
     measured = memory.cpu_step_peak(cfg, data.ImageInfo(1, 28, 10))
     gates.check(f"|estimated / measured step peak above resting memory - 1|, mnist_mlp, batch {batch} (CPU)",
@@ -921,7 +922,8 @@ SMALL_GPT2 = ["model.gpt.n_layer=1", "model.gpt.n_head=2", "model.gpt.n_embd=64"
 @pytest.mark.parametrize("name, batch, sets", [("mnist_mlp", 2048, []), ("shakespeare_cpu", 12, []),
                                                ("shakespeare_cpu", 256, []), ("gpt2_124m", 8, SMALL_GPT2)])
 def test_memory_estimate_of_an_evaluation_within_15_percent_of_the_cpu_peak(name, batch, sets):
-    cfg = config.load(str(HERE / f"configs/{name}.toml"), [f"train.batch_size={batch}", "train.grad_accum=1", *sets])
+    cfg = config.load(str(TEMPLATE / f"configs/{name}.toml"),
+                      [f"train.batch_size={batch}", "train.grad_accum=1", *sets])
     info = memory.info_of(cfg)
     est = memory.estimate(cfg, info, device="cpu")
     gates.check(f"|estimated / measured evaluation peak - 1|, {name}, micro-batch {batch} (CPU)",
@@ -932,7 +934,7 @@ def test_memory_estimate_of_an_evaluation_within_15_percent_of_the_cpu_peak(name
 def test_the_largest_saved_tensor_extrapolated_from_batch_1_and_2_is_the_one_counted_at_the_micro_batch(name, micro):
     """With bf16 autocast the largest tensor saved at batch 1 and 2 is a weight's bf16 copy, at the micro-batch an
     activation: each saved tensor is extrapolated through its own line."""
-    cfg = config.load(str(HERE / f"configs/{name}.toml"), ["train.amp=true", f"train.batch_size={micro}"])
+    cfg = config.load(str(TEMPLATE / f"configs/{name}.toml"), ["train.amp=true", f"train.batch_size={micro}"])
     info = memory.info_of(cfg)
     est = memory.Estimator(cfg, info, device="cpu")(micro)
     counted = memory.activations(cfg, info, micro)
@@ -942,7 +944,7 @@ def test_the_largest_saved_tensor_extrapolated_from_batch_1_and_2_is_the_one_cou
 
 
 def test_gpt2_124m_evaluates_in_less_memory_than_it_trains():
-    cfg = config.load(str(HERE / "configs/gpt2_124m.toml"), [])
+    cfg = config.load(str(TEMPLATE / "configs/gpt2_124m.toml"), [])
     est = memory.estimate(cfg, memory.info_of(cfg))  # model.gpt.vocab_size is set: no token files needed
     gates.check("gpt2_124m.toml, one GPU: estimated evaluation peak / training peak (GiB: "
                 f"{est['eval_peak'] / 2**30:.2f} / {est['peak'] / 2**30:.2f})", est["eval_peak"] / est["peak"], "<", 1)
@@ -974,7 +976,7 @@ def test_muon_gets_the_blocks_linear_weights_and_adamw_the_embeddings_and_norms(
 def test_build_optimizer_decays_the_weight_matrices_and_embeddings_only(name):
     """train.build_optimizer's groups, against the modules that own each parameter: the weight of every Linear, Conv
     and Embedding decayed at optim.weight_decay; biases and the norms' gains and shifts (LayerNorm, BatchNorm) not."""
-    cfg = config.load(str(HERE / "configs" / f"{name}.toml"), [])
+    cfg = config.load(str(TEMPLATE / "configs" / f"{name}.toml"), [])
     model = models.build(cfg.model, memory.info_of(cfg), device="meta")
     optimizer = train.build_optimizer(model, cfg.optim)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -1728,12 +1730,12 @@ def killed_launcher(tmp_path_factory):
             return False
         seen["ranks"] = pids_of(str(run_dir))
         seen["rank0"] = [pid for pid in seen["ranks"] if rank_env(pid).get("RANK") == "0"]
-        seen["second"] = launch([sys.executable, str(HERE / "faults.py"), "--set", *live, "checkpoint.resume=auto"],
+        seen["second"] = launch([sys.executable, *FAULTS, "--set", *live, "checkpoint.resume=auto"],
                                 env=child_env(TEMPLATE_FAULTS=f"audit_writes={audit}"))
         seen["step_at_kill"], seen["killed_at"] = max(train_records(run_dir)), time.monotonic()
         return True
 
-    seen["torchrun"] = launch([*TORCHRUN, str(HERE / "faults.py"), "--set", *live],
+    seen["torchrun"] = launch([*TORCHRUN, *FAULTS, "--set", *live],
                               env=child_env(OMP_NUM_THREADS="1", TEMPLATE_FAULTS="step_sleep=0.2"),
                               kill_when=second_launch_then_kill, sig=signal.SIGKILL, group=False)
     while any(map(alive, seen["ranks"])) and time.monotonic() < seen["killed_at"] + 10:
@@ -1813,7 +1815,7 @@ def restart_run(run_dir: Path, strategy: str, nodes: int, kill_at: int) -> dict:
               "checkpoint.async_save": strategy == "fsdp", "run.out_dir": str(run_dir)}
     killer = threading.Thread(target=kill_rank_1, daemon=True)
     killer.start()
-    threads = [threading.Thread(target=one, args=(i, [*argv, str(HERE / "faults.py"), "--set", *sets(values)]))
+    threads = [threading.Thread(target=one, args=(i, [*argv, *FAULTS, "--set", *sets(values)]))
                for i, argv in enumerate(launchers(nodes, run_dir.name))]
     for thread in threads:
         thread.start()
@@ -1933,7 +1935,7 @@ def test_anomaly_mode_names_the_backward_op_that_made_the_nan(kind, function):
 
 
 def test_overfit_one_batch_memorises_with_the_mlp_and_flags_the_variants_that_cannot_learn():
-    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [])
+    cfg = config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), [])
     splits = data.build(cfg.data, 0)
     batch = splits.train.batch(0, torch.arange(8))
 
@@ -1983,7 +1985,7 @@ def test_gradient_norms_name_the_exploding_and_the_vanishing_layer_and_none_on_a
 def test_lr_range_test_suggests_a_rate_that_trains_the_day4_mlp(tmp_path):
     values = ["data.subset=4096", "data.val_size=1000", "train.epochs=2", "train.batch_size=64",
               "train.progress=off", "train.log_every=1000"]
-    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), values)
+    cfg = config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), values)
     splits = data.build(cfg.data, 0)
     torch.manual_seed(0)
     model = models.build(cfg.model, splits.info)
@@ -1999,7 +2001,7 @@ def test_lr_range_test_suggests_a_rate_that_trains_the_day4_mlp(tmp_path):
                 "==", True)
     val = {}
     for name, lr in (("suggested", sweep.suggestion), ("diverged", sweep.diverged_at)):
-        result = train.run(config.load(str(HERE / "configs/mnist_mlp.toml"),
+        result = train.run(config.load(str(TEMPLATE / "configs/mnist_mlp.toml"),
                                        values + [f"optim.lr={lr}", f"run.out_dir={tmp_path / name}"]))
         assert result["step"] == 2 * 4096 // 64
         val[name] = [r for r in runlog.read_metrics(tmp_path / name) if r["kind"] == "val"][-1]
@@ -2010,7 +2012,7 @@ def test_lr_range_test_suggests_a_rate_that_trains_the_day4_mlp(tmp_path):
 
 
 def test_data_check_flags_each_injected_data_fault_and_finds_real_mnist_clean():
-    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), [])
+    cfg = config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), [])
     splits = data.build(cfg.data, 0)
     report = ts.check_data(splits, 10)
     gates.check("real MNIST: exact duplicates (val in train, test in train, test in val)",
@@ -2299,7 +2301,7 @@ CUDA_MNIST = {"train.epochs": 1, "train.log_every": 16, "train.progress": "off",
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_cuda_autocast_trains_the_shipped_config(dtype, tmp_path):
-    cfg = config.load(str(HERE / "configs/mnist_mlp.toml"), sets({**CUDA_MNIST, "train.amp": True,
+    cfg = config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), sets({**CUDA_MNIST, "train.amp": True,
                                                                    "train.amp_dtype": dtype,
                                                                    "run.out_dir": str(tmp_path / dtype)}))
     result = train.run(cfg)
@@ -2324,7 +2326,7 @@ def test_cuda_peak_memory_within_15_percent_of_the_estimate(name, tmp_path):
     gc.collect()
     torch.cuda.empty_cache()
     workspace = memory.cuda_library_bytes()  # cuBLAS/cuBLASLt workspaces (and anything earlier tests left)
-    cfg = config.load(str(HERE / f"configs/{name}.toml"), sets({**CUDA_MEMORY[name],
+    cfg = config.load(str(TEMPLATE / f"configs/{name}.toml"), sets({**CUDA_MEMORY[name],
                                                                "run.out_dir": str(tmp_path / "run")}))
     torch.cuda.reset_peak_memory_stats()
     train.run(cfg)
@@ -2337,7 +2339,7 @@ def test_cuda_peak_memory_within_15_percent_of_the_estimate(name, tmp_path):
 @pytest.mark.gpu
 def test_cuda_shakespeare_gpu_config_trains_with_bf16_and_compile_and_reports_its_mfu(tmp_path):
     out = tmp_path / "run"
-    result = train.run(config.load(str(HERE / "configs/shakespeare_gpu.toml"), sets({
+    result = train.run(config.load(str(TEMPLATE / "configs/shakespeare_gpu.toml"), sets({
         "train.max_steps": 200, "data.eval_windows": 256, "train.progress": "off", "run.device": "cuda",
         "run.out_dir": str(out)})))
     rec = train_records(out)
@@ -2354,7 +2356,7 @@ def test_torch_compile_on_cuda_matches_eager_and_saves_plain_keys(tmp_path):
     losses = {}
     for compiled in (False, True):
         out = tmp_path / f"compile-{compiled}"
-        train.run(config.load(str(HERE / "configs/mnist_mlp.toml"), sets({  # no dropout: the same math both ways
+        train.run(config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), sets({  # no dropout: the same math both ways
             **CUDA_MNIST, "train.max_steps": 20, "model.mlp.dropout": 0.0, "model.compile": compiled,
             "run.out_dir": str(out)})))
         losses[compiled] = train_records(out)[16]["loss"]

@@ -18,18 +18,19 @@ The drills' run folders go to runs/drills_lab/runs/ (git-ignored) whatever --out
 """
 import argparse
 import shutil
+import sys
 from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts and configs
+sys.path.insert(0, str(TEMPLATE))
 
 import torch
 
-import checkpoint
-import config
-import runlog
-import train
-from troubleshoot import NonFinite
+from train_template import checkpoint, config, runlog, train
+from train_template.troubleshoot import NonFinite
 
-HERE = Path(__file__).resolve().parent
-CONFIG = HERE / "configs" / "shakespeare_cpu.toml"
+CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 STEPS, JUMP_STEPS, SEED_STEPS = 300, 50, 100
 BASE = [f"train.steps={STEPS}", "train.eval_every=150", "train.log_every=1", "data.eval_windows=256",
         "train.progress=off", "checkpoint.every_steps=150"]

@@ -1,17 +1,16 @@
 """Day 12 — the reusable training template, shown on every config it ships.
 
-The file you keep is train.py (README.md says how to adapt it). This demo runs it on each config in configs/: MNIST +
-MLP and the GPT on Shakespeare to the end (G0: > 98% test accuracy; then a sample of what the GPT writes), the
-other image configs capped at --max-steps optimizer steps, an image folder made of MNIST digits for
-configs/imagefolder.toml; the GPU and GPT-2 configs are listed, not run. Then one table: what each
-config reached, how fast, where. Last, the troubleshooting doctor (doctor.py) on configs/mnist_mlp.toml: clean, then
+What you keep is the template/ folder (its README.md says how to adapt it). This demo runs its loop on each config in
+template/configs/: MNIST + MLP and the GPT on Shakespeare to the end (G0: > 98% test accuracy; then a sample of what
+the GPT writes), the other image configs capped at --max-steps optimizer steps, an image folder made of MNIST digits
+for configs/imagefolder.toml; the GPU and GPT-2 configs are listed, not run. Then one table: what each config
+reached, how fast, where. Last, the troubleshooting doctor (doctor.py) on configs/mnist_mlp.toml: clean, then
 with one known bug per symptom.
 
 Run:    python day12_template/main.py                 (~2 min on a 2-core CPU; runs in day12_template/runs/demo)
         python day12_template/main.py --quick         (every config capped at 20 steps: seconds each; no doctor)
         python day12_template/main.py --out day12_template/results      (refresh the committed summary)
         python day12_template/main.py --make-digits runs/digits         (only write an example image folder)
-        python main.py --quick --data-root ~/mnist    (a copy outside the repo: where MNIST's four *-ubyte.gz are)
 Gates:  python day12_template/check.py
 """
 import argparse
@@ -21,19 +20,15 @@ import sys
 import time
 from pathlib import Path
 
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # the template's modules, wherever it is run from
+TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts and configs
+sys.path.insert(0, str(TEMPLATE))
 
-import torch  # noqa: E402
+import torch
 
-import config  # noqa: E402
-import data  # noqa: E402
-import doctor  # noqa: E402
-import models  # noqa: E402
-import sample  # noqa: E402
-import text  # noqa: E402
-import train  # noqa: E402
-from troubleshoot.checklists import markdown_cell  # noqa: E402
+from train_template import config, data, doctor, models, sample, text, train
+from train_template.troubleshoot.checklists import markdown_cell
 
 CONFIGS = ["synthetic_smoke", "mnist_mlp", "mnist_resnet", "fashion_mnist_resnet", "imagefolder", "shakespeare_cpu",
            "shakespeare_gpu", "gpt2_124m"]
@@ -64,7 +59,7 @@ def make_digits(root: Path, per_class: dict | None = None, mnist_root: str = "")
 
 def run_config(name: str, runs: Path, max_steps: int, digits: Path, mnist_root: str = "") -> dict:
     """Train one shipped config (capped unless it is a FULL one); a missing dataset becomes a note, not a crash."""
-    path = str(HERE / "configs" / f"{name}.toml")
+    path = str(TEMPLATE / "configs" / f"{name}.toml")
     overrides = [o for o in (f"run.out_dir={runs / name}", f"data.root={digits}" if name == "imagefolder" else None,
                              f"train.max_steps={max_steps}" if max_steps else None) if o]
     cfg = config.load(path, overrides)
@@ -134,7 +129,7 @@ def doctor_demo(out: Path) -> str:
     for name, (symptom, fault) in DOCTOR.items():
         flags = ["--symptom", symptom] + (["--fault", fault] if fault else [])
         print(f"\n== doctor.py {' '.join(flags)}", flush=True)
-        code = doctor.main(["--config", str(HERE / "configs/mnist_mlp.toml"), *flags, "--out", str(out / name)])
+        code = doctor.main(["--config", str(TEMPLATE / "configs/mnist_mlp.toml"), *flags, "--out", str(out / name)])
         found = json.loads((out / name / "findings.json").read_text())["findings"]
         problems = "<br>".join(markdown_cell(f"{f['check']}: {f['text']}") for f in found
                                if f["status"] == "PROBLEM") or "none"

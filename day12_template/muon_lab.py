@@ -30,21 +30,20 @@ import dataclasses
 import functools
 import math
 import statistics
+import sys
 import time
 from operator import itemgetter
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts and configs
+sys.path.insert(0, str(TEMPLATE))
+
 import torch
 
-import config
-import data
-import models
-import runlog
-import tasks
-import train
+from train_template import config, data, models, runlog, tasks, train
 
-HERE = Path(__file__).resolve().parent
-CONFIG = HERE / "configs" / "shakespeare_cpu.toml"
+CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 STEPS, EVAL_EVERY, VAL_WINDOWS = 240, 40, 256
 ADAMW_LRS = (1e-3, 2e-3, 3e-3, 4.5e-3)
 MUON_LRS = (0.02, 0.05, 0.1)  # Muon's step is a unit-scale matrix: its learning rates sit 1-2 decades above AdamW's

@@ -63,10 +63,13 @@ import tempfile
 import time
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts and configs
+sys.path.insert(0, str(TEMPLATE))
+
 import numpy as np
 import torch
 
-HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CORPUS = REPO / "data" / "shakespeare"
 DATASET = "shakespeare_full_char"  # data/<DATASET>/ in nanoGPT's working directory; not its 1.1 MB tiny shakespeare
@@ -483,13 +486,14 @@ TEMPLATE_RUNS = {"template": [], "template, tuned": ["optim.lr=3e-3", "train.ste
 def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, eval_every: int = 250,
                  eval_windows: int = 1024, python: str = sys.executable, log_path=None) -> dict:
     """train.py with configs/shakespeare_cpu.toml on the prepared token files; the same RESULT_KEYS as nanoGPT's."""
-    import runlog
+    from train_template import runlog
 
     work = Path(tempfile.mkdtemp(prefix="template_bench_"))
     sets = ["data.dataset=tokens", f"data.root={Path(data_dir).resolve()}", f"train.steps={steps}",
             f"train.eval_every={eval_every}", f"data.eval_windows={eval_windows}",
             f"train.log_every={TEMPLATE_LOG_EVERY}", "train.progress=off", f"run.out_dir={work / 'run'}", *overrides]
-    cmd = [python, str(HERE / "train.py"), "--config", str(HERE / "configs" / "shakespeare_cpu.toml"), "--set", *sets]
+    cmd = [python, str(TEMPLATE / "train.py"), "--config", str(TEMPLATE / "configs" / "shakespeare_cpu.toml"),
+           "--set", *sets]
     lines: list[tuple[float, str]] = []
     t_launch = time.perf_counter()
     proc = subprocess.Popen(cmd, env=thread_env(threads), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -607,7 +611,7 @@ def main(argv=None) -> int:
         runs[name] = run_template(data_dir, steps, a.threads, overrides, eval_every=a.eval_interval,
                                   eval_windows=a.eval_windows, log_path=a.out / f"{name.replace(', ', '_')}.log")
     load_after = loadavg()
-    import runlog
+    from train_template import runlog
 
     results = {
         "nanogpt_commit": nano["nanogpt"]["commit"],

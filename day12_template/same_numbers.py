@@ -20,11 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts and configs
+sys.path.insert(0, str(TEMPLATE))
+
 import torch
 
-import runlog
+from train_template import runlog
 
-HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "same_numbers.json"  # {machine: {case/strategy: records}}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 STRATEGIES = ("single", "ddp", "fsdp")
@@ -62,7 +65,7 @@ def case_settings(name: str, strategy: str, max_steps: int | None = None) -> tup
         values.append(f"train.strategy={strategy}")
     if max_steps is not None:
         values.append(f"train.max_steps={max_steps}")
-    return HERE / "configs" / f"{config_name}.toml", values
+    return TEMPLATE / "configs" / f"{config_name}.toml", values
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -92,7 +95,7 @@ def train_case(name: str, strategy: str, out: Path, max_steps: int | None = None
     """Run one case with train.py (under torchrun for DDP and FSDP2) into `out`; returns `out`."""
     config_file, values = case_settings(name, strategy, max_steps)
     launcher = [sys.executable] if strategy == "single" else TORCHRUN
-    command = [*launcher, str(HERE / "train.py"), "--config", str(config_file),
+    command = [*launcher, str(TEMPLATE / "train.py"), "--config", str(config_file),
                "--set", *values, f"run.out_dir={out}"]
     done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
     if done.returncode != 0:

@@ -30,20 +30,16 @@ import tempfile
 import time
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts and configs
+sys.path.insert(0, str(TEMPLATE))
+
 import torch
 import torch.distributed as dist
 
-import checkpoint
-import config
-import distributed
-import memory
-import models
-import runlog
-import tasks
-import train
+from train_template import checkpoint, config, distributed, memory, models, runlog, tasks, train
 
-HERE = Path(__file__).resolve().parent
-CONFIG = HERE / "configs" / "shakespeare_cpu.toml"
+CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 RANKS = (1, 2, 4)
 
 

@@ -207,8 +207,9 @@ DAYS_PROSE = {  # the twelve-day table's folder-independent columns: deliverable
     11: ("find and fix the bottleneck one change at a time, at equal accuracy; `torch.compile`",
         "`torch.profiler`, `record_function`, data/step timing, `torch.compile`",
         "≥ 3× faster per epoch within 0.2 points of the naive accuracy"),
-    12: ("the reusable training template: `train.py` + task/config/data/models/checkpoint/distributed modules; image "
-        "classifiers and a GPT (KV-cache sampling), 8 configs",
+    12: ("the reusable training template (`template/`, the package `train_template`): the loop + "
+        "task/config/data/models/checkpoint/distributed modules; image classifiers and a GPT (KV-cache sampling), "
+        "9 configs",
         "TOML dataclass config + `--set`, `torchrun` DDP / FSDP2 (`fully_shard`, `MixedPrecisionPolicy`), atomic "
         "and sharded (`torch.distributed.checkpoint`) checkpoints, `GradScaler`, `scaled_dot_product_attention`, "
         "`torch.profiler`",

@@ -40,10 +40,11 @@ STEPS: dict[int, list[tuple[str, list[str], dict]]] = {
     12: [("day12_template/main.py", [], {}), ("day12_template/bench.py", [], {}),
          ("day12_template/zero_lab.py", [], {}), ("day12_template/muon_lab.py", [], {}),
          ("day12_template/drills_lab.py", [], {}),
-         ("day12_template/doctor.py", ["--config", "day12_template/configs/shakespeare_cpu.toml", "--symptom", "data",
-                                       "--out", "day12_template/results/doctor/shakespeare_data"], {})],
+         ("day12_template/template/doctor.py", ["--config", "day12_template/template/configs/shakespeare_cpu.toml",
+                                                "--symptom", "data",
+                                                "--out", "day12_template/results/doctor/shakespeare_data"], {})],
 }
-FOUND = {"day12_template/doctor.py": 3}  # an exit code that reports what the script found (problems), not a failure
+FOUND = {"day12_template/template/doctor.py": 3}  # an exit code that reports what the script found (problems), not a failure
 
 
 def command(script: str, flags: list[str]) -> list[str]:

@@ -127,7 +127,7 @@ def run_this_file(check_file: str) -> None:
 
 # Test folders the suite does not collect (the root conftest's collect_ignore): Day 12's tests/ run where a learner
 # runs them, inside the copy of the template that day12_template/check.py's copy gate makes.
-NOT_COLLECTED = ["day12_template/tests"]
+NOT_COLLECTED = ["day12_template/template/tests"]
 
 
 class OutcomeRecorder:

@@ -83,7 +83,10 @@ def test_every_quick_variant_leaves_git_status_unchanged():
 
 
 def import_script(script: str):
-    if script.startswith("day12_template/"):  # the template imports its own modules by their plain names
+    if script.startswith("day12_template/template/"):  # a script of the template runs its package's module
+        sys.path.insert(0, str(ROOT / "day12_template" / "template"))
+        return importlib.import_module(f"train_template.{Path(script).stem}")
+    if script.startswith("day12_template/"):  # not a package: its scripts put the template's package on the path
         spec = importlib.util.spec_from_file_location(f"day12_template_{Path(script).stem}", ROOT / script)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

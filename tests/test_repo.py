@@ -475,7 +475,7 @@ def test_the_refresh_script_names_a_real_command_for_every_day_with_results():
             assert (ROOT / script).is_file(), script
 
 
-TEMPLATE_PYPROJECT = (ROOT / "day12_template" / "pyproject.toml").read_text()
+TEMPLATE_PYPROJECT = (ROOT / "day12_template" / "template" / "pyproject.toml").read_text()
 
 
 def bound_problems(pyproject: str, lock: str) -> list[str]:
@@ -497,7 +497,7 @@ def bound_problems(pyproject: str, lock: str) -> list[str]:
 
 
 def test_the_template_package_declares_bounds_the_lock_satisfies():
-    """day12_template/pyproject.toml lists lower bounds, not the lock, and the versions the repo pins meet them."""
+    """day12_template/template/pyproject.toml lists lower bounds, not the lock, and the versions the repo pins meet them."""
     assert bound_problems(TEMPLATE_PYPROJECT, LOCK) == []
 
 

@@ -1,0 +1,559 @@
+"""The run's configuration: dataclass sections, a TOML file, `--set section.key=value` overrides.
+
+Every value is checked before any work starts: an unknown key (with the nearest valid one), a wrong type or an
+impossible value raises `ConfigError` naming the field; `train.py` prints it and exits with code 2, having written
+nothing. Each field carries its one-line *why*; `python train.py --help-config` prints them all.
+"""
+import argparse
+import dataclasses
+import difflib
+import functools
+import importlib.util
+import json
+import math
+import operator
+import os
+import re
+import sys
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BOUNDS = (("gt", operator.gt, ">"), ("ge", operator.ge, ">="), ("lt", operator.lt, "<"), ("le", operator.le, "<="))
+INT64 = (-2**63, 2**63 - 1)  # every integer field: what torch and NumPy can hold (no C++ overflow further down)
+
+
+class ConfigError(ValueError):
+    """A value the run cannot start with; the message names the field (`optim.lr`)."""
+
+
+def opt(default, why: str, *, gt=None, ge=None, lt=None, le=None, choices=None, safe: bool = False):
+    """A field with its reason, its allowed values and whether a resumed run may change it (`safe`)."""
+    return field(default=default, metadata={"why": why, "gt": gt, "ge": ge, "lt": lt, "le": le, "choices": choices,
+                                            "safe": safe})
+
+
+def registries():
+    """(models.MODELS, data.DATASETS): name -> what was registered. Imported on first use, not at the top, because
+    models.py imports this module for `opt` (each model declares its own config table)."""
+    from . import data, models
+
+    return models.MODELS, data.DATASETS
+
+
+def dataset_names() -> tuple[str, ...]:
+    return tuple(registries()[1])
+
+
+def model_names() -> tuple[str, ...]:
+    return tuple(registries()[0])
+
+
+@dataclass
+class Run:
+    seed: int = opt(0, "one seed for init, data order and dropout: same seed + same config + same device type = "
+                    "the same run", ge=0, le=2**32 - 1)  # NumPy's seed range
+    out_dir: str = opt("runs/template", "run folder for config, metrics, TensorBoard and checkpoints (relative to "
+                       "the current folder)", safe=True)
+    device: str = opt("auto", "auto = cuda -> mps -> cpu; or cpu, cuda, cuda:N, mps (torchrun: cuda:LOCAL_RANK)",
+                      safe=True)
+    deterministic: bool = opt(True, "deterministic kernels, cuDNN autotuner off: repeatable runs and exact resume "
+                              "(a little slower on GPUs)", safe=True)
+    tracker: str = opt("tensorboard", "where the metrics go besides metrics.jsonl: tensorboard (out_dir/tb/) | mlflow "
+                       "(an MLflow store in out_dir/mlruns/, no server; pip install mlflow-skinny) | none",
+                       choices=("tensorboard", "mlflow", "none"), safe=True)
+
+
+@dataclass
+class Data:
+    dataset: str = opt("mnist", "which data (data.py's registry): mnist | fashion_mnist | synthetic | imagefolder "
+                       "(images) | shakespeare | tokens (text)", choices=dataset_names)
+    root: str = opt("", "folder holding the files; '' = the repo's bundle or the system copy (imagefolder, tokens: "
+                    "required)", safe=True)
+    val_size: int = opt(5000, "images: training images held out for validation (model selection, early "
+                        "stopping), never the test set", ge=1)
+    subset: int = opt(0, "0 = all the training data; N = only the first N images or tokens (smoke runs)", ge=0)
+    image_size: int = opt(28, "imagefolder/synthetic: square side length the images are resized to", gt=0)
+    channels: int = opt(1, "imagefolder/synthetic: 1 = grayscale, 3 = RGB", choices=(1, 3))
+    augment: bool = opt(False, "imagefolder: random resized crops, seeded per (epoch, sample) so resume stays exact")
+    synthetic_size: int = opt(8192, "synthetic: generated training images (class prototypes + noise)", gt=0)
+    block_size: int = opt(64, "text: tokens per training window (the context the model learns from)", gt=0)
+    eval_windows: int = opt(256, "text: windows per evaluation, evenly spaced over the split, the same each time; "
+                            "0 = every non-overlapping window", ge=0)
+    num_workers: int = opt(0, "DataLoader worker processes: in-memory datasets need none, image files want 2-8",
+                           ge=0, le=256, safe=True)  # each one is a process: a million of them is an OOM kill
+    pin_memory: bool = opt(True, "page-locked host batches for asynchronous copies to CUDA (ignored elsewhere)",
+                           safe=True)
+
+
+def default_tables() -> dict:
+    return {name: entry.table() for name, entry in registries()[0].items()}
+
+
+@dataclass
+class Model:
+    """The fields every model has; each model's own hyperparameters are in its table, `[model.<name>]` (declared
+    next to the model in models.py): `cfg.model.gpt.n_layer`."""
+    name: str = opt("mlp", "mlp (Day 4) | resnet (Day 9) | gpt (a language model); a new model is one registered "
+                    "function in models.py", choices=model_names)
+    channels_last: bool = opt(False, "NHWC memory layout: faster convolutions on tensor cores and CPUs", safe=True)
+    activation_checkpointing: bool = opt(False, "recompute each block during backward instead of keeping its "
+                                         "activations: less memory, ~30% more compute", safe=True)
+    compile: bool = opt(False, "torch.compile the model: faster steps after a compile warm-up (needs a C++ "
+                        "compiler; Triton on CUDA)", safe=True)
+    tables: dict = field(default_factory=default_tables, repr=False)
+
+    def __getattr__(self, name: str):
+        tables = self.__dict__.get("tables", {})
+        if name in tables:
+            return tables[name]
+        raise AttributeError(f"model has no field or table {name!r}")
+
+
+@dataclass
+class Optim:
+    lr: float = opt(3e-3, "peak learning rate, reached at the end of the warmup", gt=0)
+    weight_decay: float = opt(0.05, "AdamW's decoupled decay, on weight matrices only (not biases, norm gains or "
+                              "embeddings' positions)", ge=0)
+    betas: tuple[float, ...] = opt((0.9, 0.999), "AdamW's moment decay rates (first, second)", ge=0, lt=1)
+    warmup_ratio: float = opt(0.05, "share of all optimizer steps spent ramping the LR up: early steps on random "
+                              "weights are the unstable ones", ge=0, lt=1)
+    min_lr_ratio: float = opt(0.0, "the cosine decays to lr * min_lr_ratio at the last step", ge=0, le=1)
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this (after unscale_); 0 = off", ge=0)
+
+
+@dataclass
+class Train:
+    epochs: int = opt(8, "images: passes over the training set; the cosine spans them all", gt=0, safe=True)
+    steps: int = opt(0, "text: optimizer steps of the whole run (the cosine spans them, as nanoGPT's max_iters); "
+                     "images leave it 0 and train for epochs", ge=0, safe=True)
+    eval_every: int = opt(0, "text: optimizer steps between evaluations (each also checkpoints); 0 = only at the "
+                          "end. Images evaluate once per epoch. Fixed for a run: each period draws its windows from "
+                          "it", ge=0)
+    batch_size: int = opt(256, "samples (images or windows) per optimizer step over all ranks and micro-batches "
+                          "(the global batch)", gt=0)
+    grad_accum: int = opt(1, "micro-batches per optimizer step on each rank: one forward sees batch_size / "
+                          "(grad_accum x world size) samples", gt=0, safe=True)
+    amp: bool = opt(False, "autocast the forward pass to amp_dtype (weights, gradients, AdamW moments stay fp32); "
+                    "turn on for GPUs", )
+    amp_dtype: str = opt("bfloat16", "bfloat16 (fp32's range, no scaling) | float16 (GradScaler rescues small "
+                         "gradients)", choices=("bfloat16", "float16"))
+    strategy: str = opt("ddp", "under torchrun: ddp (one replica per rank, gradients all-reduced) | fsdp (FSDP2: "
+                        "parameters, gradients, moments sharded)", choices=("ddp", "fsdp"), safe=True)
+    early_stop_patience: int = opt(0, "stop after this many evaluations without a better validation loss; 0 = off",
+                                   ge=0, safe=True)
+    max_steps: int = opt(0, "0 = no cap; N = end after N optimizer steps in total, the schedule unchanged (smoke "
+                         "runs)", ge=0, safe=True)
+    log_every: int = opt(50, "optimizer steps between training records: each costs a host sync", gt=0, safe=True)
+    progress: str = opt("auto", "auto = a tqdm bar on a terminal, one line per epoch otherwise | bar | off",
+                        choices=("auto", "bar", "off"), safe=True)
+
+
+@dataclass
+class Checkpoint:
+    resume: str = opt("", "'' = fresh run; 'auto' = out_dir/last.pt when present; or a checkpoint path",
+                      safe=True)
+    init_from: str = opt("", "fine-tune: take only the model weights from this checkpoint (any strategy or world "
+                         "size)")
+    every_steps: int = opt(0, "also checkpoint every N optimizer steps, not only after evaluations (0 = off): what "
+                           "a kill can cost", ge=0, safe=True)
+    keep_last: int = opt(3, "step checkpoints kept besides best.pt; older ones are deleted", ge=1, safe=True)
+    accept_new_data: bool = opt(False, "resume although the data differs from the checkpoint's (its fingerprint: "
+                                "each split's size and content hash), e.g. continued pre-training on new text; "
+                                "run.json records it", safe=True)
+    format: str = opt("auto", "full: one file, gathered on rank 0 | sharded: a folder where every rank writes its "
+                      "own shard (torch.distributed.checkpoint), loadable at any world size | auto: sharded under "
+                      "FSDP (no rank holds the whole model), else full", choices=("auto", "full", "sharded"),
+                      safe=True)
+    async_save: bool = opt(False, "sharded checkpoints: copy the state, then write it in a background thread while "
+                           "training goes on (torch.distributed.checkpoint.async_save); a second save waits for the "
+                           "first", safe=True)
+
+
+@dataclass
+class Profile:
+    enabled: bool = opt(False, "trace a few steps with torch.profiler into out_dir/profile/ (open in Perfetto)",
+                        safe=True)
+    start_step: int = opt(5, "optimizer steps skipped before tracing (warm-up, allocator, compile)", ge=0,
+                          safe=True)
+    steps: int = opt(3, "optimizer steps traced", gt=0, safe=True)
+
+
+@dataclass
+class Config:
+    run: Run = field(default_factory=Run)
+    data: Data = field(default_factory=Data)
+    model: Model = field(default_factory=Model)
+    optim: Optim = field(default_factory=Optim)
+    train: Train = field(default_factory=Train)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    profile: Profile = field(default_factory=Profile)
+
+
+# -- field table ------------------------------------------------------------------------------------------------
+def _leaf_fields(prefix: str, cls):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name != "tables":
+            yield f"{prefix}.{f.name}", f, hints[f.name]
+
+
+@functools.cache
+def fields() -> dict:
+    """{dotted key: (dataclass field, type)} for every field: `optim.lr`, ..., and each model's table,
+    `model.gpt.n_layer`."""
+    table = {}
+    for section in dataclasses.fields(Config):
+        table.update((key, (f, hint)) for key, f, hint in _leaf_fields(section.name, section.default_factory))
+    for name, entry in registries()[0].items():
+        table.update((key, (f, hint)) for key, f, hint in _leaf_fields(f"model.{name}", entry.table))
+    return table
+
+
+def safe_on_resume() -> tuple[str, ...]:
+    return tuple(k for k, (f, _) in fields().items() if f.metadata["safe"])
+
+
+def describe() -> str:
+    """Every field with its default and its reason (`--help-config`, and the README's table)."""
+    rows = []
+    for key, (f, _) in fields().items():
+        rows.append(f"{key} = {to_toml(f.default)}\n    {f.metadata['why']}"
+                    + ("  [may change on resume]" if f.metadata["safe"] else ""))
+    return "\n".join(rows)
+
+
+# -- checking one value ------------------------------------------------------------------------------------------
+def _typename(hint) -> str:
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {typing.get_args(hint)[0].__name__}s"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[hint]
+
+
+def coerce(key: str, value, hint):
+    """`value` as the field's type, or ConfigError naming `key`. Ints pass as floats; bools never pass as ints."""
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ConfigError(f"{key} must be {_typename(hint)}, got {value!r}")
+        return tuple(coerce(f"{key}[{i}]", v, typing.get_args(hint)[0]) for i, v in enumerate(value))
+    ok = (isinstance(value, bool) if hint is bool else
+          isinstance(value, int) and not isinstance(value, bool) if hint is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if hint is float else
+          isinstance(value, str))
+    if not ok:
+        raise ConfigError(f"{key} must be {_typename(hint)}, got {value!r}")
+    if hint is int and not INT64[0] <= value <= INT64[1]:
+        raise ConfigError(f"{key} must fit in 64 bits ({INT64[0]} to {INT64[1]}), got {value!r}")
+    if hint is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return value
+
+
+def check_bounds(key: str, value, meta) -> None:
+    for x in value if isinstance(value, tuple) else (value,):
+        for name, test, word in BOUNDS:
+            if meta[name] is not None and not test(x, meta[name]):
+                allowed = " and ".join(f"{w} {meta[n]}" for n, _, w in BOUNDS if meta[n] is not None)
+                raise ConfigError(f"{key} must be {allowed}, got {value!r}")
+        allowed = meta["choices"]() if callable(meta["choices"]) else meta["choices"]  # a registry's names
+        if allowed and x not in allowed:
+            raise ConfigError(f"{key} must be one of {' | '.join(map(str, allowed))}; got {x!r}"
+                              f"{nearest(str(x), map(str, allowed))}")
+
+
+def nearest(word: str, candidates) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.5)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def unknown_key(key: str) -> ConfigError:
+    """The field of that name in another section (`lr` -> `optim.lr`), else the nearest name at the key's depth: a
+    section for a section (`trian` -> `train`), a field for a field. A section given a value names its first field."""
+    names = {}  # the sections and fields at the key's depth, each with its first field
+    for k in fields():
+        names.setdefault(".".join(k.split(".")[:key.count(".") + 1]), k)
+    if key in names and names[key] != key:  # a section or a model's table
+        return ConfigError(f"`{key}` is a section of the config, not a field: set one of its fields (e.g. "
+                           f"`{names[key]}`; --help-config lists them)")
+    by_leaf = [k for k in fields() if k.split(".")[-1] == key.split(".")[-1]]
+    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, names)
+    return ConfigError(f"unknown config key `{key}`{hint}")
+
+
+# -- building a Config -----------------------------------------------------------------------------------------
+def flatten(table: dict, where: str = "") -> dict:
+    """{"optim": {"lr": 1e-3}, "model": {"gpt": {"n_layer": 4}}} -> {"optim.lr": 1e-3, "model.gpt.n_layer": 4};
+    a table that holds no field (`[optimizer]`) is an error."""
+    flat = {}
+    for name, value in table.items():
+        key = f"{where}{name}"
+        if isinstance(value, dict):
+            if not any(k.startswith(key + ".") for k in fields()):
+                raise unknown_key(key)
+            flat.update(flatten(value, key + "."))
+        else:
+            flat[key] = value
+    return flat
+
+
+def owner(cfg: Config, key: str):
+    """(the section or model table holding `key`, the field's name): `model.gpt.n_layer` -> (cfg.model.gpt,
+    "n_layer")."""
+    *path, name = key.split(".")
+    obj = cfg
+    for part in path:
+        obj = getattr(obj, part)
+    return obj, name
+
+
+def parse_override(item: str) -> tuple[str, object]:
+    """`optim.lr=1e-3` -> ("optim.lr", 0.001): the value is read as TOML (numbers, true, [16, 32]), else a string."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects key=value (e.g. optim.lr=1e-3), got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare word: dataset=mnist, out_dir=runs/x
+    return key.strip(), value
+
+
+def build(values: dict) -> Config:
+    """A checked Config from dotted keys (file values first, overrides after)."""
+    cfg = Config()
+    for key, value in values.items():
+        if key not in fields():
+            raise unknown_key(key)
+        f, hint = fields()[key]
+        value = coerce(key, value, hint)
+        check_bounds(key, value, f.metadata)
+        setattr(*owner(cfg, key), value)
+    check_combinations(cfg)
+    return cfg
+
+
+def check_combinations(cfg: Config, world_size: int | None = None) -> None:
+    """Rules that involve several fields (and, once known, the number of ranks)."""
+    world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    per_step = cfg.train.grad_accum * world
+    if cfg.train.batch_size % per_step:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.grad_accum "
+                          f"({cfg.train.grad_accum}) x world size ({world}) = {per_step}")
+    if cfg.data.dataset in ("mnist", "fashion_mnist") and (cfg.data.image_size, cfg.data.channels) != (28, 1):
+        raise ConfigError(f"data.image_size/data.channels: {cfg.data.dataset} images are 28x28 grayscale; resizing "
+                          f"applies to imagefolder and synthetic only")
+    if cfg.data.dataset == "imagefolder" and not cfg.data.root:
+        raise ConfigError("data.root: imagefolder needs the folder holding train/<class>/<image> files")
+    if cfg.data.root and Path(cfg.run.out_dir).resolve().is_relative_to(Path(cfg.data.root).resolve()):
+        raise ConfigError(f"run.out_dir {cfg.run.out_dir} is data.root {cfg.data.root} or inside it: put the run "
+                          f"folder beside the data, not in it")
+    if cfg.data.dataset == "tokens" and not cfg.data.root:
+        raise ConfigError("data.root: tokens needs the folder holding train.bin, val.bin and meta.json/meta.pkl")
+    check_task(cfg)
+    if cfg.data.augment and cfg.data.dataset != "imagefolder":
+        raise ConfigError("data.augment applies to imagefolder only")
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.run.device):
+        raise ConfigError(f"run.device must be auto, cpu, mps, cuda or cuda:N; got {cfg.run.device!r}")
+    if len(cfg.optim.betas) != 2:
+        raise ConfigError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
+    if not cfg.run.out_dir:
+        raise ConfigError("run.out_dir must name a folder")
+    if cfg.run.tracker == "mlflow" and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError("run.tracker=mlflow needs MLflow's tracking client, which is not installed: pip install "
+                          "mlflow-skinny (or pip install -r requirements.lock.txt in the repo)")
+    if world_size and cfg.checkpoint.async_save and not sharded_checkpoints(cfg, world):  # the run's, once known
+        raise ConfigError("checkpoint.async_save writes sharded checkpoints only: set checkpoint.format=sharded "
+                          "(auto is sharded under FSDP only)")
+
+
+def sharded_checkpoints(cfg: Config, world: int) -> bool:
+    """checkpoint.format resolved: auto = sharded under FSDP (with more than one rank)."""
+    if cfg.checkpoint.format == "auto":
+        return cfg.train.strategy == "fsdp" and world > 1
+    return cfg.checkpoint.format == "sharded"
+
+
+def check_task(cfg: Config) -> None:
+    """The model and the data must learn the same task, and text trains for steps where images train for epochs;
+    then the model's own table checks itself (`check()`, if it has one)."""
+    model_entry, data_entry = registries()[0][cfg.model.name], registries()[1][cfg.data.dataset]
+    if model_entry.task != data_entry.task:
+        raise ConfigError(f"model.name={cfg.model.name} learns the {model_entry.task!r} task but data.dataset="
+                          f"{cfg.data.dataset} is {data_entry.task!r} data; models for it: " + ", ".join(
+                              n for n, e in registries()[0].items() if e.task == data_entry.task))
+    if data_entry.task == "lm" and not cfg.train.steps:
+        raise ConfigError(f"train.steps: {cfg.data.dataset} is text, trained for a number of optimizer steps; set "
+                          f"train.steps (and train.eval_every)")
+    if data_entry.task != "lm" and (cfg.train.steps or cfg.train.eval_every):
+        raise ConfigError(f"train.steps/train.eval_every apply to text; {cfg.data.dataset} images train for "
+                          f"train.epochs and evaluate once per epoch")
+    table = getattr(cfg.model, cfg.model.name)
+    if hasattr(table, "check"):
+        table.check(cfg)
+
+
+def ignored(cfg: Config) -> str:
+    """A warning for a value the run accepts but does not use ('' if none): text trains for train.steps, so a
+    train.epochs other than the default (an image config's, switched to text with --set) counts for nothing. Not
+    refused: then such a switch would have to set epochs back too."""
+    default = fields()["train.epochs"][0].default
+    if registries()[1][cfg.data.dataset].task == "lm" and cfg.train.epochs != default:
+        return (f"train.epochs={cfg.train.epochs} is ignored: {cfg.data.dataset} is text, trained for train.steps="
+                f"{cfg.train.steps} optimizer steps (set train.steps to change the run's length)")
+    return ""
+
+
+def check_out_dir(cfg: Config) -> None:
+    """run.out_dir must be creatable: its nearest existing ancestor is a writable folder, and (on rank 0, the one
+    that writes) the first missing folder can really be made: os.access trusts root and knows nothing of /proc or
+    /sys. The probe folder is removed at once, so nothing is left behind."""
+    existing = Path(cfg.run.out_dir).resolve()
+    while not existing.exists():
+        missing, existing = existing, existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.out_dir {cfg.run.out_dir}: {existing} is not a writable folder")
+    if existing != Path(cfg.run.out_dir).resolve() and int(os.environ.get("RANK", "0")) == 0:
+        try:
+            missing.mkdir()
+        except FileExistsError:
+            return  # made meanwhile by someone else: it exists, that is all the run needs
+        except OSError as exc:
+            raise ConfigError(f"run.out_dir {cfg.run.out_dir}: cannot create {missing}: "
+                              f"{exc.strerror or exc}") from None
+        missing.rmdir()
+
+
+def argument_parser(doc: str, inspect: bool = False) -> argparse.ArgumentParser:
+    """A parser with --config and --set (and, if `inspect`, --print-config and --help-config); `doc`, the script's
+    docstring: line 1 describes it, the rest is the epilog."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0], epilog="\n".join(doc.splitlines()[2:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="a TOML file (see configs/); fields left out keep their defaults")
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="override fields: --set optim.lr=1e-3 train.amp=true data.dataset=synthetic")
+    if inspect:
+        parser.add_argument("--print-config", action="store_true", help="print the effective config as TOML and exit")
+        parser.add_argument("--help-config", action="store_true", help="list every field with its default and reason")
+    return parser
+
+
+OUT_OF_MEMORY = ("out of memory", "allocate memory")  # torch's CPU allocator; CUDA's OutOfMemoryError
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo, when a rank has died
+
+
+def exit_with(main) -> None:
+    """sys.exit(main()) for the entry points; quietly (141, as for SIGPIPE) when stdout's reader has gone: `| head`;
+    one line and exit 1 when memory runs out or, under torchrun, when another rank has died (RuntimeErrors both)."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail again
+        code = 141
+    except (MemoryError, RuntimeError) as exc:
+        first_line = (str(exc) or type(exc).__name__).splitlines()[0]
+        rank = os.environ.get("RANK", "0")
+        where = "" if rank == "0" else f" (rank {rank})"
+        if isinstance(exc, MemoryError) or any(s in first_line for s in OUT_OF_MEMORY):
+            print(f"error{where}: out of memory ({first_line}); lower train.batch_size (raise train.grad_accum) or "
+                  "the model size", file=sys.stderr)
+        elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(s in first_line for s in PEER_GONE):
+            print(f"error{where}: another rank of this job has gone (killed or crashed: its log says why), so this "
+                  "one stops too; resume from the last checkpoint with --set checkpoint.resume=auto",
+                  file=sys.stderr)
+        else:
+            raise
+        code = 1
+    sys.exit(code)
+
+
+def load(path: str | None, overrides: list[str]) -> Config:
+    """The config file (TOML) with the `--set` overrides applied, checked."""
+    values = {}
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")  # TOML files are UTF-8, whatever the locale says
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--config {path} is not UTF-8 text (TOML must be): byte {exc.object[exc.start]:#04x} "
+                              f"at offset {exc.start}") from None
+        try:
+            values = flatten(tomllib.loads(text))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--config {path} is not valid TOML: {exc}") from None
+    for item in overrides:
+        key, value = parse_override(item)
+        values[key] = value
+    return build(values)
+
+
+def to_dict(cfg: Config) -> dict:
+    """{"run": {...}, ..., "model": {"name": ..., "mlp": {...}, "gpt": {...}}, ...}: the TOML layout."""
+    out = dataclasses.asdict(cfg)
+    out["model"].update(out["model"].pop("tables"))
+    return out
+
+
+def flat_values(cfg: Config) -> dict:
+    """{dotted key: value} for every field."""
+    return {key: getattr(*owner(cfg, key)) for key in fields()}
+
+
+def from_dict(d: dict) -> Config:
+    return build(flatten(d))
+
+
+def to_toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(to_toml(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    return repr(value)
+
+
+def dump_toml(cfg: Config) -> str:
+    """The effective config as TOML, readable back by `--config`: every section, and the chosen model's table."""
+    sections = []
+    for section, values in to_dict(cfg).items():
+        sections.append((section, values))
+        if section == "model":
+            sections.append((f"model.{cfg.model.name}", values[cfg.model.name]))
+    lines = []
+    for section, values in sections:
+        lines.append(f"[{section}]")
+        lines += [f"{name} = {to_toml(value)}" for name, value in values.items() if not isinstance(value, dict)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _flat(table: dict, where: str = "") -> dict:
+    """flatten() without the checks: for configs saved by other versions, whose keys may be gone."""
+    flat = {}
+    for name, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{where}{name}."))
+        else:
+            flat[f"{where}{name}"] = value
+    return flat
+
+
+def differences(saved: dict, now: Config) -> list[str]:
+    """`key: saved -> now` for every field that differs, leaving out the ones safe to change on resume."""
+    before = _flat(saved) if saved else {}
+    after = flat_values(now)
+    diffs = []
+    for key in fields():
+        if key in safe_on_resume():
+            continue
+        old, new = before.get(key), after[key]
+        if isinstance(old, list):
+            old = tuple(old)
+        if old != new:
+            diffs.append(f"{key}: {to_toml(old) if old is not None else '(absent)'} -> {to_toml(new)}")
+    return diffs
