@@ -91,9 +91,9 @@ def test_config_has_the_curriculum_templates_21_fields_each_with_its_reason():
     gates.check("curriculum template fields present", sum(n in leaves for n in names), "==", 21)
     no_reason = [k for k, (f, _) in config.fields().items() if len(f.metadata["why"]) < 15]
     gates.check("config fields without a one-line reason", len(no_reason), "==", 0)
-    readme = (TEMPLATE / "README.md").read_text()
-    gates.check("config fields missing from the README", [k for k in config.fields() if f"`{k}`" not in readme],
-                "==", [])
+    reference = (TEMPLATE / "docs" / "config.md").read_text()
+    gates.check("config fields missing from the template's docs/config.md",
+                [k for k in config.fields() if f"`{k}`" not in reference], "==", [])
 
 
 def test_a_bad_value_on_the_real_command_line_exits_2_before_any_work(tmp_path):
@@ -268,6 +268,23 @@ def test_the_template_folder_holds_the_template_alone():
                           if n.split(".")[0] in {"sprint", *course} or n.startswith("day")]
     gates.check("files of the template folder: course imports, results or run folders", offenders, "==", [])
     gates.check("files of the template folder", len(files), ">", 40)
+
+
+def code_lines(page: Path) -> list[str]:
+    return [line for block in re.findall(r"```\w*\n(.*?)```", page.read_text(), re.S) for line in block.splitlines()]
+
+
+def test_the_template_readme_is_a_how_to_and_each_page_keeps_one_working_folder():
+    """The template's README reads in 15 minutes; its pages' commands run inside the template folder, the day's
+    README's from the repo's root."""
+    gates.check("words in the template's README", len((TEMPLATE / "README.md").read_text().split()), "<=", 4000)
+    pages = [TEMPLATE / "README.md", *sorted((TEMPLATE / "docs").glob("*.md"))]
+    outside = [line for page in pages for line in code_lines(page) if "day12_template" in line or "../" in line]
+    gates.check("command lines of the template's pages that name a folder outside it", outside, "==", [])
+    elsewhere = [line for line in code_lines(HERE / "README.md")
+                 if re.search(r"\bpython3? (?!day\d\d_\w+/|scripts/)", line)]
+    gates.check("command lines of the day's README that run a script not named from the repo's root", elsewhere,
+                "==", [])
 
 
 def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_path):

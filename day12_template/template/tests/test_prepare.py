@@ -89,6 +89,6 @@ def test_a_file_that_is_not_utf8_is_one_line_for_characters_and_prepares_as_byte
 
 def test_the_readmes_meta_json_example_is_a_meta_file_the_tokens_dataset_reads(tmp_path):
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    example = re.search(r"```json\n(.*?)```", readme[readme.index("**Your own text**"):], re.S).group(1)
+    example = re.search(r"```json\n(.*?)```", readme[readme.index("## Your own text"):], re.S).group(1)
     (tmp_path / "meta.json").write_text(example)
     assert text.tokenizer("tokens", str(tmp_path)).decode([2, 1, 2, 0]) == "a a\n"

@@ -6,6 +6,7 @@ import random
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,22 @@ def test_an_evaluation_that_fails_keeps_its_periods_training_and_a_resume_redoes
     assert every_record(tmp_path) == every_record(ref_dir)
     assert (result["best_step"], result["tested"]) == (ref["best_step"], ref["tested"])
     assert diff_states(full(tmp_path / "best.pt")["model"], full(ref_dir / "best.pt")["model"]) == []
+
+
+@dataclass
+class CountedProgress(train.Progress):
+    hook_steps: int = 0  # the README's "piece of checkpointed state": one field more
+
+
+class CountSteps(train.Hook):
+    def step(self, progress):
+        progress.hook_steps += 1
+
+
+def test_a_field_added_to_progress_is_in_every_checkpoint_and_continues_after_a_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "Progress", CountedProgress)
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**TINY, "train.max_steps": 10}, run_dir), [CountSteps()])
+    assert checkpoint.load(run_dir / "last.pt")["hook_steps"] == 10
+    train.run(cfg_of({**TINY, "checkpoint.resume": "auto"}, run_dir), [CountSteps()])
+    assert checkpoint.load(run_dir / "last.pt")["hook_steps"] == STEPS
