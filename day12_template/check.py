@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -309,6 +310,53 @@ def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_p
                          "--fault", "nan@blocks.0.1"], cwd=copy, env=child_env(PYTHONPATH=""))
     gates.check("copy outside the repo: doctor.py exit code with a NaN injected (3: problems found)", code, "==", 3)
     assert "first module with a non-finite output: blocks.0.1 (LayerNorm)" in text and "Traceback" not in text, text
+
+
+def third_party_imports(paths) -> set[str]:
+    """The top-level names of every module these files import that is neither the standard library nor theirs."""
+    import ast
+
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"train_template", "helpers", "conftest", "__future__"}
+
+
+def declared_closure(requirements: list[str]) -> set[str]:
+    """The distributions a fresh venv gets for these requirements: each, and what each requires, as installed here."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    closure, todo = set(), [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        if (name := canonicalize_name(req.name)) in closure or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        closure.add(name)
+        todo += [Requirement(r) for r in metadata.requires(name) or []]
+    return closure
+
+
+def test_the_copys_test_extra_installs_every_module_its_tests_reach():
+    """A learner's fresh venv holds what `pip install -e ".[test]"` declares, not this environment: every third-party
+    module the tests import, or the package imports for the datasets they train on (torchvision, Pillow for image
+    folders), must come from the dependencies and the test extra."""
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((TEMPLATE / "pyproject.toml").read_text())["project"]
+    closure = declared_closure([*project["dependencies"], *project["optional-dependencies"]["test"]])
+    reached = third_party_imports([*(TEMPLATE / "tests").glob("*.py"), TEMPLATE / "train_template" / "data.py"])
+    providers = metadata.packages_distributions()
+    missing = sorted(m for m in reached if not {canonicalize_name(d) for d in providers.get(m, [])} & closure)
+    gates.check("modules the copy's tests reach that its declared test install lacks", missing, "==", [])
 
 
 def children_cpu_seconds() -> float:
@@ -1170,8 +1218,6 @@ def mlflow_runs(tmp_path_factory):
 
 
 def test_mlflow_params_are_the_flattened_config_toml(mlflow_runs):
-    import tomllib
-
     _, run = mlflow_run(mlflow_runs["whole"])
     fields = config.flatten(tomllib.loads((mlflow_runs["whole"] / "config.toml").read_text()))
     gates.check("MLflow params vs config.toml's fields, dotted (values as strings): differences",

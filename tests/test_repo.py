@@ -505,7 +505,7 @@ def test_the_template_package_declares_bounds_the_lock_satisfies():
     ('"torch>=2.14"', '"torch>=2.15"', "torch>=2.15: the lock pins 2.14.1"),
     ('"torch>=2.14"', '"torch==2.14.1"', "torch==2.14.1: not a lower bound"),
     ('"tqdm>=4.66"', '"tqdm"', "tqdm: not a lower bound"),
-    ('["pytest>=8"]', '["pytest>=8", "six>=1.16"]', "six>=1.16: not in the lock"),
+    ('"pytest>=8"', '"pytest>=8", "six>=1.16"', "six>=1.16: not in the lock"),
 ], ids=["above-the-lock", "a-pin", "a-bare-name", "not-locked"])
 def test_the_bounds_check_finds_a_requirement_the_lock_does_not_meet_or_that_is_no_lower_bound(old, new, problem):
     assert old in TEMPLATE_PYPROJECT
