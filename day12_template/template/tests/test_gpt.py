@@ -1,5 +1,5 @@
 """Gates for gpt.py: the KV cache changes no token, the init and FLOP count are GPT-2's and PaLM's, checkpointing
-changes no gradient, and bad shapes are refused."""
+changes no gradient, and bad shapes are refused; each option of a modern GPT keeps every one of these promises."""
 import math
 
 import pytest
@@ -14,6 +14,13 @@ def tiny_gpt(seed: int = 0, **overrides) -> gpt.GPT:
     config = dict(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=64)
     config.update(overrides)
     return gpt.GPT(**config)
+
+
+# Each option of [model.gpt] alone, then a modern GPT's all at once (Llama's parts, Gemma's cap, an untied head).
+MODERN = dict(norm="rmsnorm", position="rope", mlp="swiglu", qk_norm=True, logit_softcap=30.0, tie_embeddings=False)
+OPTIONS = {"rmsnorm": dict(norm="rmsnorm"), "rope": dict(position="rope"), "swiglu": dict(mlp="swiglu"),
+           "relu2": dict(mlp="relu2"), "qk_norm": dict(qk_norm=True), "softcap": dict(logit_softcap=30.0),
+           "untied": dict(tie_embeddings=False), "post-norm": dict(norm_placement="post"), "modern": MODERN}
 
 
 def prompt(length: int, seed: int = 1) -> torch.Tensor:
@@ -119,11 +126,12 @@ def test_flops_per_token_matches_the_palm_formula_by_hand():
     assert model.flops_per_token() == 6 * n + 12 * L * H * (C // H) * T
 
 
-def test_activation_checkpointing_gives_bitwise_equal_gradients():
+@pytest.mark.parametrize("option", ["GPT-2", *OPTIONS])
+def test_activation_checkpointing_gives_bitwise_equal_gradients(option):
     idx = prompt(64)
     grads = []
     for checkpointing in (False, True):
-        model = tiny_gpt().train()
+        model = tiny_gpt(**OPTIONS.get(option, {})).train()
         model.checkpointing = checkpointing
         logits = model(idx)
         F.cross_entropy(logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten()).backward()
@@ -158,3 +166,60 @@ def test_sequence_longer_than_block_size_raises():
 def test_n_embd_not_divisible_by_n_head_raises():
     with pytest.raises(ValueError, match=r"n_embd \(64\).*n_head \(3\)"):
         tiny_gpt(n_head=3)
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_option_generates_the_same_tokens_with_and_without_the_cache_past_the_block_size(option):
+    model = tiny_gpt(**OPTIONS[option])
+    idx = prompt(10)
+    assert torch.equal(model.generate(idx, 130, temperature=0), model.generate(idx, 130, temperature=0, use_cache=False))
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_option_has_each_parameter_drawn_by_init_tensor_as_fsdp_builds_it(option):
+    model = tiny_gpt(**OPTIONS[option])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))  # what to_empty leaves is garbage: a tensor the rule missed would keep it
+    models.init_weights(model, seed=3)
+    assert [name for name, p in model.named_parameters() if p.isnan().any()] == []
+
+
+def test_rotary_attention_scores_depend_on_the_relative_position_only():
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(query_at: int, key_at: int) -> torch.Tensor:
+        return (gpt.rotate(q, query_at) * gpt.rotate(k, key_at)).sum()
+
+    torch.testing.assert_close(score(5, 2), score(105, 102))
+    assert not torch.allclose(score(5, 2), score(5, 4))
+
+
+def test_swiglu_at_eight_thirds_width_holds_the_gelu_mlps_parameters_within_one_percent():
+    def count(kind: str) -> int:
+        return sum(p.numel() for p in gpt.MLP(192, 0.0, False, kind).parameters())
+
+    assert count("swiglu") == pytest.approx(count("gelu"), rel=0.01)
+    assert count("relu2") == count("gelu")
+
+
+def test_the_soft_cap_keeps_every_logit_inside_it():
+    model = tiny_gpt(logit_softcap=2.0)
+    model.lm_head.weight.data.mul_(100)
+    logits = model(prompt(20))
+    model.logit_softcap = 0.0
+    assert logits.abs().max() <= 2.0 < model(prompt(20)).abs().max()  # far beyond the cap without it
+
+
+def test_flops_per_token_count_an_untied_head_and_no_position_embedding_under_rope():
+    V, T, L, H, C = 256, 64, 2, 2, 64
+    model = tiny_gpt(position="rope", tie_embeddings=False)
+    per_block = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+    n = 2 * V * C + L * per_block + 2 * C  # the embedding and the head apart, blocks, ln_f; no position embedding
+    assert model.flops_per_token() == 6 * n + 12 * L * H * (C // H) * T
+    assert model.wpe is None and model.lm_head.weight is not model.wte.weight
+
+
+def test_an_odd_head_width_is_refused_under_rope():
+    with pytest.raises(ValueError, match="head width 9 is odd"):
+        tiny_gpt(n_embd=18, position="rope")

@@ -18,11 +18,16 @@ STOP, END = 3, 6  # the interrupted run stops at step 3 (its checkpoint), both e
 # (every step's, timings aside, as float.hex) and final weights are equal, bit for bit
 
 
-def settings(name: str, corpus: str) -> dict:
+# The GPT with every part of a modern one switched on (model.gpt's options; the defaults are GPT-2's).
+MODERN_GPT = {"model.gpt.norm": "rmsnorm", "model.gpt.position": "rope", "model.gpt.mlp": "swiglu",
+              "model.gpt.qk_norm": True, "model.gpt.logit_softcap": 30.0, "model.gpt.tie_embeddings": False}
+
+
+def settings(name: str, corpus: str, options: dict | None = None) -> dict:
     """A tiny run of model `name` on data of its task: generated images, or the tests' small corpus."""
     task_run = tiny_lm(corpus) if models.MODELS[name].task == "lm" else TINY
     others = {k: v for k, v in task_run.items() if not k.startswith("model.")}  # the tiny run's own model settings
-    return {**others, **SMALL.get(name, {}), "model.name": name, "train.max_steps": END}
+    return {**others, **SMALL.get(name, {}), **(options or {}), "model.name": name, "train.max_steps": END}
 
 
 @dataclass
@@ -57,8 +62,8 @@ def with_gru(monkeypatch):
     config.fields.cache_clear()
 
 
-def trains_resumes_and_samples(name: str, corpus: str, tmp_path, capsys) -> None:
-    values = settings(name, corpus)
+def trains_resumes_and_samples(name: str, corpus: str, tmp_path, capsys, options: dict | None = None) -> None:
+    values = settings(name, corpus, options)
     whole = tmp_path / "whole"
     train.run(cfg_of(values, whole))
     resumed = tmp_path / "resumed"
@@ -80,6 +85,10 @@ def trains_resumes_and_samples(name: str, corpus: str, tmp_path, capsys) -> None
 @pytest.mark.parametrize("name", sorted(models.MODELS))
 def test_every_registered_model_trains_resumes_exactly_is_estimated_and_samples(name, corpus, tmp_path, capsys):
     trains_resumes_and_samples(name, corpus, tmp_path, capsys)
+
+
+def test_the_gpt_with_a_modern_gpts_parts_trains_resumes_exactly_is_estimated_and_samples(corpus, tmp_path, capsys):
+    trains_resumes_and_samples("gpt", corpus, tmp_path, capsys, MODERN_GPT)
 
 
 def test_a_model_with_nothing_but_forward_trains_resumes_and_samples(with_gru, corpus, tmp_path, capsys):

@@ -175,10 +175,30 @@ class GPTTable:
     bias: bool = opt(True, "biases in Linear and LayerNorm layers, as GPT-2; false is a little faster")
     vocab_size: int = opt(0, "0 = the data's vocabulary; N = embeddings for N tokens (padding GPT-2's 50,257 to "
                           "50,304, a multiple of 64, speeds up GPU matmuls; memory.py then needs no data)", ge=0)
+    # The parts of a modern GPT (Llama, Gemma, modded-nanogpt), each an option; the defaults are GPT-2's.
+    norm: str = opt("layernorm", "layernorm (GPT-2) | rmsnorm (Llama: no centring, no bias; a little cheaper)",
+                    choices=("layernorm", "rmsnorm"))
+    position: str = opt("learned", "learned (GPT-2: an embedding per position, block_size of them) | rope (rotary: "
+                        "queries and keys turned by their position, so attention sees relative ones; no parameters)",
+                        choices=("learned", "rope"))
+    mlp: str = opt("gelu", "gelu (GPT-2, 4x wide) | swiglu (PaLM, Llama: gated, 8/3x wide for the same parameters) | "
+                   "relu2 (ReLU squared: Primer, modded-nanogpt)", choices=("gelu", "swiglu", "relu2"))
+    qk_norm: bool = opt(False, "RMS-normalise each head's queries and keys before attention: bounded attention "
+                        "logits, steadier at high learning rates")
+    logit_softcap: float = opt(0.0, "0 = off; C = the logits squashed to C x tanh(logits / C) (Gemma 2: 30): no "
+                               "logit runs away", ge=0)
+    tie_embeddings: bool = opt(True, "the output layer shares the token embedding's matrix (GPT-2); false: a "
+                               "matrix of its own (more parameters, often a little better at scale)")
+    norm_placement: str = opt("pre", "pre (GPT-2 on: the norm inside each residual branch, a clean residual path) | "
+                              "post (the 2017 Transformer: the norm after each addition; needs warmup to train deep)",
+                              choices=("pre", "post"))
 
     def check(self, cfg) -> None:
         if self.n_embd % self.n_head:
             raise ConfigError(f"model.gpt.n_embd={self.n_embd} must be divisible by model.gpt.n_head={self.n_head}")
+        if self.position == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ConfigError(f"model.gpt.position=rope turns pairs of dimensions: the head width n_embd / n_head = "
+                              f"{self.n_embd // self.n_head} must be even")
         if cfg.data.block_size > self.block_size:
             raise ConfigError(f"data.block_size={cfg.data.block_size} exceeds model.gpt.block_size="
                               f"{self.block_size}, the longest context the model has positions for")
@@ -190,7 +210,8 @@ def gpt(cfg: GPTTable, info) -> nn.Module:
         raise ConfigError(f"model.gpt.vocab_size={cfg.vocab_size} is below the data's vocabulary of "
                           f"{info.vocab_size:,} tokens (0 = the data's)")
     vocab = cfg.vocab_size or info.vocab_size
-    return GPT(vocab, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias)
+    return GPT(vocab, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias, cfg.norm,
+               cfg.position, cfg.mlp, cfg.qk_norm, cfg.logit_softcap, cfg.tie_embeddings, cfg.norm_placement)
 
 
 def build(cfg, info, seed: int = 0, device: str | torch.device = "cpu", shard: Callable | None = None) -> nn.Module:
