@@ -2,6 +2,7 @@
 whole batch, FSDP2 trains like DDP, and only rank 0 writes the run's files."""
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,21 +14,34 @@ from helpers import FAULTS, SHARD, TINY, cfg_of, child_env, launch, sets, train_
 RUN = {**TINY, "data.synthetic_size": 1024, "train.batch_size": 64, "model.mlp.dropout": 0.0}
 
 
-def torchrun(values: dict, run_dir: Path, audit: Path) -> None:
-    """faults.py (train.py with drills) under torchrun, recording every file each rank writes into `audit`."""
+def torchrun(values: dict, run_dir: Path, audit: Path, results: dict) -> threading.Thread:
+    """faults.py (train.py with drills) under torchrun, recording every file each rank writes into `audit`, started
+    in a thread; its (exit code, output) lands in results[run_dir]."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            *FAULTS, "--set", *sets({**values, "run.out_dir": str(run_dir)})]
-    code, text = launch(cmd, env=child_env(OMP_NUM_THREADS="1", TEMPLATE_FAULTS=f"audit_writes={audit}"))
-    assert code == 0, text[-3000:]
+    env = child_env(OMP_NUM_THREADS="1", TEMPLATE_FAULTS=f"audit_writes={audit}")
+
+    def run() -> None:
+        results[run_dir] = launch(cmd, env=env)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("dist")
+    """The DDP and the FSDP2 job at once, and the single process in this one meanwhile: their start-ups and
+    rendezvous overlap (each job's ranks compute in one thread)."""
+    tmp, results, jobs = tmp_path_factory.mktemp("dist"), {}, []
     for strategy in ("ddp", "fsdp"):
         (tmp / f"audit-{strategy}").mkdir()
-        torchrun({**RUN, "train.strategy": strategy}, tmp / strategy, tmp / f"audit-{strategy}")
+        jobs.append(torchrun({**RUN, "train.strategy": strategy}, tmp / strategy, tmp / f"audit-{strategy}", results))
     train.run(cfg_of(RUN, tmp / "single"))
+    for job in jobs:
+        job.join()
+    for code, text in results.values():
+        assert code == 0, text[-3000:]
     return tmp
 
 
