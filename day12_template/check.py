@@ -1411,6 +1411,8 @@ def test_a_tensorboard_run_trains_without_mlflow_installed(tmp_path, monkeypatch
 DIST = {**TINY, "train.batch_size": 64, "train.epochs": 2, "data.synthetic_size": 1024}  # 16 steps an epoch
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 DIST_LM = {**TINY_LM, "train.batch_size": 64}  # 32 steps, evaluated every 16
+MODERN_LM = {**DIST_LM, "model.gpt.norm": "rmsnorm", "model.gpt.position": "rope", "model.gpt.mlp": "swiglu",
+             "model.gpt.qk_norm": True, "model.gpt.logit_softcap": 30.0, "model.gpt.tie_embeddings": False}
 BN_DIST = {**DIST, "model.name": "resnet", "model.resnet.widths": [4, 8], "train.epochs": 1, "train.max_steps": 6}
 
 
@@ -1439,7 +1441,7 @@ def launch_dist_runs(tmp: Path) -> dict:
     Meanwhile, in this process: E's and EL's single-process twins with the same global batch, G, and S's and F's
     checkpoints resumed in a single process."""
     rng = random.Random()
-    dirs = {k: tmp / k for k in "E A F S E1 S1 F1 G B EL AL FL EL1 FM DM FD FE FI BF FP FR".split()}
+    dirs = {k: tmp / k for k in "E A F S E1 S1 F1 G B EL AL FL EL1 FM DM FD FE FI BF FP FR FN".split()}
     audit = tmp / "audit"
     audit.mkdir()
     e_vals, el_vals = {**DIST, "model.mlp.dropout": 0.0}, {**DIST_LM, "model.gpt.dropout": 0.0}
@@ -1456,6 +1458,8 @@ def launch_dist_runs(tmp: Path) -> dict:
              {"set": sets({**DIST_LM, "train.strategy": "fsdp", "run.out_dir": str(dirs["FL"])}),
               "state": str(audit / "state-FL"), "init": str(audit / "init-FL.pt"), "sent": str(audit / "sent-FL")},
              {"set": sets({**el_vals, "train.strategy": "fsdp", "train.max_steps": 12, "run.out_dir": str(dirs["FE"])})},
+             {"set": sets({**MODERN_LM, "train.strategy": "fsdp", "train.max_steps": 2,
+                           "run.out_dir": str(dirs["FN"])}), "init": str(audit / "init-FN.pt")},
              *({"set": sets({**DIST_LM, "train.strategy": strategy}), "build": str(audit / f"build-{strategy}")}
                for strategy in ("fsdp", "ddp")),
              {"set": sets({**mixed, "train.strategy": "fsdp", "run.out_dir": str(dirs["FM"])}),
@@ -1674,11 +1678,15 @@ def test_the_bytes_each_rank_sends_per_step_are_the_ring_formulas_for_ddp_and_ze
                     "worst rank", max(abs(s["sent"] / formula - 1) for s in sent), "<=", 1e-3)
 
 
-@pytest.mark.parametrize("task", TASKS)
+INIT_RUNS = {"classify": (DIST, "F"), "lm": (DIST_LM, "FL"), "lm, a modern GPT's parts": (MODERN_LM, "FN")}
+
+
+@pytest.mark.parametrize("task", INIT_RUNS)
 def test_fsdp_initialises_each_shard_as_the_same_rows_of_one_process_init(dist_runs, task):
-    cfg = config.load(None, sets(DIST if task == "classify" else DIST_LM))
+    values, run = INIT_RUNS[task]
+    cfg = config.load(None, sets(values))
     one_process = models.build(cfg.model, data.build(cfg.data, 0).info, seed=cfg.run.seed).state_dict()
-    sharded = torch.load(dist_runs["audit"] / f"init-{DIST_DIRS[task]['fsdp']}.pt", weights_only=True)
+    sharded = torch.load(dist_runs["audit"] / f"init-{run}.pt", weights_only=True)
     gates.check(f"{task}: FSDP2 (built on meta, 2 ranks) vs one process, same seed: initial entries that differ "
                 f"bitwise", [k for k in one_process if not torch.equal(one_process[k], sharded[k])], "==", [])
 

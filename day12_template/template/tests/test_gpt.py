@@ -172,7 +172,7 @@ def test_n_embd_not_divisible_by_n_head_raises():
 def test_every_option_generates_the_same_tokens_with_and_without_the_cache_past_the_block_size(option):
     model = tiny_gpt(**OPTIONS[option])
     idx = prompt(10)
-    assert torch.equal(model.generate(idx, 130, temperature=0), model.generate(idx, 130, temperature=0, use_cache=False))
+    assert torch.equal(model.generate(idx, 200, temperature=0), model.generate(idx, 200, temperature=0, use_cache=False))
 
 
 @pytest.mark.parametrize("option", OPTIONS)
@@ -223,3 +223,12 @@ def test_flops_per_token_count_an_untied_head_and_no_position_embedding_under_ro
 def test_an_odd_head_width_is_refused_under_rope():
     with pytest.raises(ValueError, match="head width 9 is odd"):
         tiny_gpt(n_embd=18, position="rope")
+
+
+def test_a_modern_gpts_parameters_are_the_formulas():
+    V, T, L, H, C = 256, 64, 2, 2, 64
+    hidden = round(8 * C / 3)  # SwiGLU's width
+    per_block = 2 * C + (C * 3 * C + 3 * C) + 2 * (C // H) + (C * C + C) + (C * 2 * hidden + 2 * hidden) + (
+        hidden * C + C)  # two RMSNorm gains, q/k/v, the QK-norm gains, the projection, SwiGLU's two matrices
+    model = tiny_gpt(**MODERN)
+    assert sum(p.numel() for p in model.parameters()) == 2 * V * C + L * per_block + C  # embedding, head, ln_f
