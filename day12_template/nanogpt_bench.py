@@ -15,8 +15,8 @@ What it does
      time from launch to each evaluation's line, the time spent in evaluation, the wall time from launch to exit.
   3. `main()` writes the results JSON (RESULT_KEYS first, then the details) and prints a summary table.
 
-The template side (day12_template/train.py's GPT) is meant to be added as one more function, `run_template(...)`,
-returning a dict with the same RESULT_KEYS, so `summary_table` can print both.
+The template side (day12_template/template/train.py on the same files) runs in `run_template(...)`, which returns a
+dict with the same RESULT_KEYS, so `summary_table` prints both.
 
 Rules
   * This script never downloads, clones or builds nanoGPT, and never copies its code: `--nanogpt DIR` must name an
