@@ -7,6 +7,7 @@ inside the copy gate, in a venv outside the repo, and `pytest day12_template/tem
 Most gates train a tiny MLP on generated data or a tiny GPT on the bundled Shakespeare, both ways where a promise
 holds for every task; the MNIST > 98% and the CPU recipe's 600-step gates (slow) train the shipped configs.
 """
+import ast
 import dataclasses
 import errno
 import functools
@@ -45,20 +46,20 @@ sys.path.insert(0, str(HERE))  # the day's demo and labs
 sys.path.insert(0, str(TEMPLATE))  # the package, imported as its own scripts import it
 sys.path.insert(0, str(TEMPLATE / "tests"))  # the helpers the template's own tests share
 
-import drills_lab  # noqa: E402
-import main as demo  # noqa: E402
-import muon_lab  # noqa: E402
-import same_numbers  # noqa: E402
-import zero_lab  # noqa: E402
-from train_template import (checkpoint, compare_runs, config, data, distributed, doctor, memory, models,  # noqa: E402
+import drills_lab
+import main as demo
+import muon_lab
+import same_numbers
+import zero_lab
+from train_template import (checkpoint, compare_runs, config, data, distributed, doctor, memory, models,
                             runlock, runlog, signals, tasks, text, train)
-from train_template import troubleshoot as ts  # noqa: E402
-from train_template.troubleshoot import checks, faults  # noqa: E402
-from train_template.troubleshoot.faults import Faults  # noqa: E402
-from helpers import (FAULTS, FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, every_record,  # noqa: E402
+from train_template import troubleshoot as ts
+from train_template.troubleshoot import checks, faults
+from train_template.troubleshoot.faults import Faults
+from helpers import (FAULTS, FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, every_record,
                      full, launch, reached, sets, sha, tiny_lm, train_records)
-from sprint.gates import Gates, run_this_file  # noqa: E402
-from sprint.measure import one_thread  # noqa: E402
+from sprint.gates import Gates, run_this_file
+from sprint.measure import one_thread
 
 gates = Gates(__file__)
 for _m in (checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, runlog, train,
@@ -252,21 +253,27 @@ def test_mnist_mlp_config_passes_98_percent_test_accuracy(tmp_path):
     gates.check("MNIST + MLP config: test accuracy of best.pt", result["test_acc"], ">", 0.98)
 
 
+def absolute_imports(path: Path) -> set[str]:
+    """The top-level name of every module a Python file imports absolutely (`import a.b`, `from a.b import c`: a)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
 def test_the_template_folder_holds_the_template_alone():
     """What `cp -r day12_template/template` copies: no module that imports the course (sprint/, a day, this day's
     demo, labs or gates) and no results or run folder among its files."""
-    import ast
-
     course = {path.stem for path in HERE.glob("*.py")}  # check, main, the labs and benchmarks
     files = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=TEMPLATE, capture_output=True, text=True,
-                           check=True).stdout.split("\0")
+                           check=True).stdout.split("\0")[:-1]  # each name ends with a NUL
     offenders = [name for name in files if {"runs", "results"} & set(Path(name).parts)]
     for name in [name for name in files if name.endswith(".py")]:
-        for node in ast.walk(ast.parse((TEMPLATE / name).read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-            offenders += [f"{name}: imports {n}" for n in names
-                          if n.split(".")[0] in {"sprint", *course} or n.startswith("day")]
+        offenders += [f"{name}: imports {module}" for module in sorted(absolute_imports(TEMPLATE / name))
+                      if module in {"sprint", *course} or module.startswith("day")]
     gates.check("files of the template folder: course imports, results or run folders", offenders, "==", [])
     gates.check("files of the template folder", len(files), ">", 40)
 
@@ -314,15 +321,9 @@ def test_copied_folder_trains_stops_on_ctrl_c_and_resumes_outside_the_repo(tmp_p
 
 def third_party_imports(paths) -> set[str]:
     """The top-level names of every module these files import that is neither the standard library nor theirs."""
-    import ast
-
     names = set()
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                names.add(node.module.split(".")[0])
+        names |= absolute_imports(path)
     return names - set(sys.stdlib_module_names) - {"train_template", "helpers", "conftest", "__future__"}
 
 

@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "day12_template" / "template"))  # the package that Day 12's template scripts run
 
 import refresh_results  # noqa: E402
 
@@ -84,7 +85,6 @@ def test_every_quick_variant_leaves_git_status_unchanged():
 
 def import_script(script: str):
     if script.startswith("day12_template/template/"):  # a script of the template runs its package's module
-        sys.path.insert(0, str(ROOT / "day12_template" / "template"))
         return importlib.import_module(f"train_template.{Path(script).stem}")
     if script.startswith("day12_template/"):  # not a package: its scripts put the template's package on the path
         spec = importlib.util.spec_from_file_location(f"day12_template_{Path(script).stem}", ROOT / script)

@@ -226,7 +226,7 @@ def test_an_odd_head_width_is_refused_under_rope():
 
 
 def test_a_modern_gpts_parameters_are_the_formulas():
-    V, T, L, H, C = 256, 64, 2, 2, 64
+    V, L, H, C = 256, 2, 2, 64
     hidden = round(8 * C / 3)  # SwiGLU's width
     per_block = 2 * C + (C * 3 * C + 3 * C) + 2 * (C // H) + (C * C + C) + (C * 2 * hidden + 2 * hidden) + (
         hidden * C + C)  # two RMSNorm gains, q/k/v, the QK-norm gains, the projection, SwiGLU's two matrices

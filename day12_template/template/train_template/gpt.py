@@ -111,8 +111,11 @@ class MLP(nn.Module):
     def __init__(self, n_embd: int, dropout: float, bias: bool, kind: str = "gelu"):
         super().__init__()
         self.kind = kind
-        hidden = round(8 * n_embd / 3) if kind == "swiglu" else 4 * n_embd
-        self.c_fc = nn.Linear(n_embd, 2 * hidden if kind == "swiglu" else hidden, bias=bias)
+        hidden, fc_out = 4 * n_embd, 4 * n_embd
+        if kind == "swiglu":  # one matrix makes the gate and the value: twice the hidden width
+            hidden = round(8 * n_embd / 3)
+            fc_out = 2 * hidden
+        self.c_fc = nn.Linear(n_embd, fc_out, bias=bias)
         self.c_proj = nn.Linear(hidden, n_embd, bias=bias)
         self.drop = nn.Dropout(dropout)
 
@@ -223,7 +226,9 @@ class GPT(nn.Module):
         apart); 6N is the forward (2N) plus backward (4N) matrix multiplies. 12*L*H*Q*T is attention's scores and
         weighted sum over a full context: L layers, H heads, Q = head dim, T = block_size.
         """
-        n = sum(p.numel() for p in self.parameters()) - (self.wpe.weight.numel() if self.wpe is not None else 0)
+        n = sum(p.numel() for p in self.parameters())
+        if self.wpe is not None:
+            n -= self.wpe.weight.numel()
         head_dim = self.wte.embedding_dim // self.n_head
         return 6 * n + 12 * len(self.blocks) * self.n_head * head_dim * self.block_size
 
