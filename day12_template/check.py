@@ -54,6 +54,7 @@ import zero_lab
 from train_template import (checkpoint, compare_runs, config, data, distributed, doctor, memory, models,
                             runlock, runlog, signals, tasks, text, train)
 from train_template import troubleshoot as ts
+from train_template.checkpoint import sharded
 from train_template.troubleshoot import checks, faults
 from train_template.troubleshoot.faults import Faults
 from helpers import (FAULTS, FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, every_record,
@@ -663,7 +664,7 @@ def test_a_write_failing_mid_save_raises_checkpoint_error_and_keeps_the_previous
     with pytest.raises(RuntimeError) as torch_error:  # what torch.save itself raises on a full disk
         torch.save(payload, FailingFile(tmp_path / "raw.pt", "wb"))
     gates.check("torch.save on a full disk raises", type(torch_error.value).__name__, "==", "RuntimeError")
-    monkeypatch.setattr(checkpoint, "open", FailingFile, raising=False)
+    monkeypatch.setattr(checkpoint.files, "open", FailingFile, raising=False)
     with pytest.raises(checkpoint.CheckpointError) as err:
         checkpoint.atomic_save({"w": torch.randn(4096)}, target)
     assert "disk" in str(err.value) and str(target) in str(err.value)
@@ -746,7 +747,7 @@ def test_corrupt_truncated_foreign_and_hostile_sharded_checkpoints_fail_with_one
     shard = (good / "__0_0.distcp").read_bytes()
     flipped = bytearray(shard)
     flipped[len(shard) // 2] ^= 0xFF  # inside a tensor: DCP alone would load it
-    index = distributed.shard_reader(good).read_metadata()
+    index = sharded.shard_reader(good).read_metadata()
     index.state_dict_metadata["model.extra"] = BytesStorageMetadata()  # DCP would unpickle it without restriction
     breaks = {"corrupted": ("__0_0.distcp", bytes(flipped)), "corrupted ": ("__0_0.distcp", shard[: len(shard) // 3]),
               "not a checkpoint of this template": ("meta.pt", None),
@@ -760,7 +761,7 @@ def test_corrupt_truncated_foreign_and_hostile_sharded_checkpoints_fail_with_one
             (bad / name).write_bytes(content)
         if name == ".metadata":  # the checksum made to match, as a forger would (meta.pt is in the folder too)
             meta = torch.load(bad / "meta.pt", weights_only=True)
-            meta["checksums"][".metadata"] = distributed.crc32(bad / name)
+            meta["checksums"][".metadata"] = sharded.crc32(bad / name)
             torch.save(meta, bad / "meta.pt")
         code = train.main(["--set", *sets({**TINY, "run.out_dir": str(tmp_path / f"new-{len(word)}"),
                                            "checkpoint.resume": str(bad)})])
@@ -1525,7 +1526,7 @@ def max_loss_diff(a: Path, b: Path, steps=None) -> float:
 
 def shard_index(path: Path) -> dict:
     """A sharded checkpoint's index: "model.<name>" / "optimizer.<name>.<state>" -> its shape, dtype and chunks."""
-    return distributed.shard_reader(path).read_metadata().state_dict_metadata
+    return sharded.shard_reader(path).read_metadata().state_dict_metadata
 
 
 DIST_DIRS = {"classify": {"ddp": "E", "single": "E1", "ddp_dropout": "A", "fsdp": "F"},  # run folders by task

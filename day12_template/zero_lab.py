@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from train_template import checkpoint, config, distributed, memory, models, runlog, tasks, train
+from train_template.checkpoint import sharded, state
 
 CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 RANKS = (1, 2, 4)
@@ -169,15 +170,15 @@ def saves(model, optimizer, d: distributed.Dist, out: Path) -> dict:
         d.barrier()
         start = time.perf_counter()
         if fmt == "full":  # what the template does with checkpoint.format = full: gather, rank 0 writes
-            state = {"model": distributed.model_state(model, d),
-                     "optimizer": distributed.optimizer_state(model, optimizer, d)}
-            held = sum(local_bytes(t) for t in tensors(state)) if d.is_main else 0
+            full = {"model": state.model_state(model, d),
+                    "optimizer": state.optimizer_state(model, optimizer, d)}
+            held = sum(local_bytes(t) for t in tensors(full)) if d.is_main else 0
             if d.is_main:
-                checkpoint.atomic_save(state, folder / "ckpt.pt")
+                checkpoint.atomic_save(full, folder / "ckpt.pt")
             writing = None
         else:
             held = sum(local_bytes(t) for t in tensors([model.state_dict(), optimizer.state]))
-            writing = distributed.save_shards(model, optimizer, d, fmt == "async sharded", folder)
+            writing = sharded.save_shards(model, optimizer, d, fmt == "async sharded", folder)
         d.barrier()
         stall = time.perf_counter() - start  # an asynchronous save: training goes on from here
         if writing is not None:

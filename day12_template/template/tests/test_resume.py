@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from train_template import checkpoint, runlog, train
 from train_template.troubleshoot.faults import Faults
@@ -179,3 +180,37 @@ def test_a_field_added_to_progress_is_in_every_checkpoint_and_continues_after_a_
     assert checkpoint.load(run_dir / "last.pt")["hook_steps"] == 10
     train.run(cfg_of({**TINY, "checkpoint.resume": "auto"}, run_dir), [CountSteps()])
     assert checkpoint.load(run_dir / "last.pt")["hook_steps"] == STEPS
+
+
+class EMA(train.Hook):
+    """The README's example of a piece of checkpointed state: an exponential moving average of the weights."""
+
+    def states(self, model):
+        self.ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+        return {"ema": self.ema}  # the one entry: saved in every checkpoint, restored on resume
+
+    def attach(self, model, module, progress):
+        self.model = model
+
+    def step(self, progress):
+        self.ema.update_parameters(self.model)
+
+
+def test_ema_weights_added_as_one_state_entry_continue_bitwise_after_a_resume(tmp_path):
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    train.run(cfg_of(TINY, ref_dir), [EMA()])
+    train.run(cfg_of({**TINY, "train.max_steps": 10}, run_dir), [EMA()])
+    train.run(cfg_of({**TINY, "checkpoint.resume": "auto"}, run_dir), [EMA()])
+    last, ref = checkpoint.load(run_dir / "last.pt"), checkpoint.load(ref_dir / "last.pt")
+    averaged = {name.removeprefix("module."): t for name, t in last["ema"].items() if name != "n_averaged"}
+    assert last["ema"]["n_averaged"].item() == STEPS
+    assert diff_states(last["ema"], ref["ema"]) == []
+    assert diff_states(averaged, last["model"]) != []  # an average, not the weights themselves
+
+
+def test_resuming_a_checkpoint_without_a_state_entry_the_run_now_keeps_is_one_line_exit_1(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**TINY, "train.max_steps": 10}, run_dir))
+    code = train.main(["--set", *sets({**TINY, "run.out_dir": str(run_dir), "checkpoint.resume": "auto"})], [EMA()])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1 and "holds no ema" in err and "init_from" in err, err

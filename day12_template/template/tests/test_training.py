@@ -263,14 +263,14 @@ def test_resuming_onto_a_training_split_of_another_size_is_one_line_exit_1(tmp_p
 
 
 def test_an_old_checkpoint_that_cannot_be_removed_is_a_warning_and_the_run_finishes(tmp_path, capsys, monkeypatch):
-    remove = checkpoint._remove
+    remove = checkpoint.files.remove
 
     def refuse_step_3(path: Path) -> None:
         if path.name == "ckpt-00000003.pt":
             raise PermissionError(1, "Operation not permitted", str(path))
         remove(path)
 
-    monkeypatch.setattr(checkpoint, "_remove", refuse_step_3)
+    monkeypatch.setattr(checkpoint.files, "remove", refuse_step_3)
     result = train.run(cfg_of(TINY, tmp_path / "run"))
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert result["step"] == STEPS and "test_acc" in result

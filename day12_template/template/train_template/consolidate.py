@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import checkpoint, config, data, distributed, models, train
+from .checkpoint import state
 
 
 def full_checkpoint(source: Path) -> dict:
@@ -27,7 +28,7 @@ def full_checkpoint(source: Path) -> dict:
     checkpoint.load_sharded(model, optimizer, ckpt)
     one = distributed.Dist()  # this process alone: the plain state dicts of a single-process run
     full = {k: v for k, v in ckpt.items() if k not in ("sharded", "path", "optimizer_groups", "checksums")}
-    full.update(model=distributed.model_state(model, one), optimizer=distributed.optimizer_state(model, optimizer, one))
+    full.update(model=state.model_state(model, one), optimizer=state.optimizer_state(model, optimizer, one))
     return full
 
 

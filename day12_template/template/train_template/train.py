@@ -89,6 +89,11 @@ class Hook:
         """The splits, before any loader is made (may return other splits)."""
         return splits
 
+    def states(self, model: torch.nn.Module) -> dict:
+        """State this hook keeps for `model` across a resume: name -> anything with state_dict() and load_state_dict()
+        (EMA weights, say). Every checkpoint saves each entry, and a resume restores it before `attach`."""
+        return {}
+
     def attach(self, model: torch.nn.Module, module: torch.nn.Module, progress: "Progress") -> None:
         """The built model and the module that trains it (DDP wrapper, FSDP2-sharded model or the model itself)."""
 
@@ -104,9 +109,16 @@ class Progress:
     bad_evals: int = 0  # evaluations since the best one (early stopping)
     window: list = field(default_factory=lambda: [0.0, 0])  # training losses summed since the last record, steps
 
-    @classmethod
-    def of(cls, ckpt: dict) -> "Progress":
-        return cls(**{f.name: ckpt[f.name] for f in dataclasses.fields(cls)})
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, state[f.name])
+
+    def forget_best(self) -> None:
+        """The best validation loss so far no longer counts (it was measured on other data)."""
+        self.best, self.bad_evals = Progress().best, 0
 
 
 def run_length(train: config.Train, sampler: data.ResumableSampler) -> tuple[int, int]:
@@ -166,16 +178,6 @@ def run(cfg: config.Config, hooks: list[Hook] = ()) -> dict:
     finally:
         d.close()
         stop.restore()
-
-
-def restore(model, optimizer, ckpt: dict, d: distributed.Dist) -> None:
-    """A checkpoint's model and (unless None) optimizer state, in either format, into this run's layout."""
-    if ckpt.get("sharded"):
-        checkpoint.load_sharded(model, optimizer, ckpt)
-        return
-    distributed.load_model_state(model, ckpt["model"])
-    if optimizer is not None:
-        distributed.load_optimizer_state(model, optimizer, ckpt["optimizer"], d)
 
 
 def on_rank0(d: distributed.Dist, claim, run_dir: Path):
@@ -243,16 +245,15 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     autocast = models.autocast(tc, device.type)
     speed = runlog.Speed(tc.batch_size, task.tokens_per_sample, model, device, tc)  # measures the CPU's peak: first
     progress = Progress()
+    states = {"scheduler": scheduler, "scaler": scaler, "sampler": sampler}  # each checkpointed by its name
+    for hook in hooks:
+        states.update(hook.states(model))
+    about = {"run_id": run_id, "data": fingerprint, "info": {"task": task.name, **dataclasses.asdict(splits.info)}}
+    checkpointer = checkpoint.Checkpointer(cfg, d, model, optimizer, progress, states, about)
     if ckpt:
-        restore(model, optimizer, ckpt, d)
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        sampler.load_state_dict(ckpt["sampler"])
-        progress = Progress.of(ckpt)
+        checkpointer.load(ckpt, resume)
         if "val" in data_changes:  # its losses were measured on other data: not comparable
-            progress.best, progress.bad_evals = Progress().best, 0
-        if ckpt["world_size"] == d.world:  # last: nothing may draw from the RNGs before the next step
-            checkpoint.set_rng_state(ckpt["rng"][d.rank], device)
+            progress.forget_best()
     # A checkpoint at a period's end (or the run's) was written before that period's evaluation: a resume from it
     # does the evaluation again, so one that failed (an out-of-memory, say) loses no training.
     evaluation_due = bool(ckpt) and (progress.step >= last_step or not sampler.steps_left())
@@ -276,6 +277,7 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         meta["data_changed"] = list(data_changes.values())
     log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step, meta, evaluation_due, run_id)
     closing.push(log.ended)
+    checkpointer.before_write = log.flush
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
             f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if tc.steps else 'samples'}) | "
             f"{device} x {d.world} | {run_dir}")
@@ -308,61 +310,9 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         hook.attach(model, module, progress)
     prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
 
-    sharded, writing = config.sharded_checkpoints(cfg, d.world), []  # writing: an asynchronous save under way
-    if cfg.checkpoint.async_save:
-        distributed.async_group(d)
-
-    def saved() -> None:
-        """Complete the save under way, if any (every rank): its files written, renamed into place and linked."""
-        while writing:
-            writing.pop().complete()
-
-    def save() -> None:
-        """Every rank takes part. Full: rank 0 gathers plain state dicts (names, no prefixes) and writes one file.
-        Sharded: every rank writes its own shard of model and optimizer; rank 0 writes the rest beside them; with
-        checkpoint.async_save the writing goes on in the background; the first step at which every rank's files are
-        written (or the next save, or the end) completes it. last.pt then points at it."""
-        meta = {"format": checkpoint.FORMAT, "run_id": run_id, **dataclasses.asdict(progress),
-                "config": config.to_dict(cfg), "data": fingerprint, "world_size": d.world,
-                "info": {"task": task.name, **dataclasses.asdict(splits.info)},
-                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "sampler": sampler.state_dict(),
-                "rng": d.gather(checkpoint.rng_state(device)), "rank_steps": d.gather(progress.step)}
-        if sharded:  # log.flush: the logs reach the disk before the checkpoint that vouches for them
-            saved()  # a second save waits for the first
-            shards = functools.partial(distributed.save_shards, model, optimizer, d, cfg.checkpoint.async_save)
-            writing.append(checkpoint.ShardedSave(meta, shards, run_dir, cfg.checkpoint.keep_last, d,
-                                                  before=log.flush))
-            if not cfg.checkpoint.async_save:
-                saved()
-            return
-        payload = {**meta, "model": distributed.model_state(model, d),
-                   "optimizer": distributed.optimizer_state(model, optimizer, d)}
-
-        def write() -> None:
-            log.flush()
-            checkpoint.save(payload, run_dir, cfg.checkpoint.keep_last)
-
-        written_by_rank0(write)
-
-    def written_by_rank0(write) -> None:
-        """`write()` on rank 0; its failure stops every rank together with its message (none waits forever)."""
-        error = None
-        if d.is_main:
-            try:
-                write()
-            except (checkpoint.CheckpointError, runlog.LogError, OSError) as exc:  # the logs' flush, a link
-                error = str(exc)
-        if error := d.gather(error)[0]:
-            raise checkpoint.CheckpointError(error)
-
-    def mark_best() -> None:
-        """best.pt points at this step's checkpoint: the one saved before the evaluation that found it best."""
-        saved()
-        written_by_rank0(functools.partial(checkpoint.link_best, run_dir, progress.step))
-
     def stop_here() -> None:
         """Every rank stops after the same step, once its checkpoint is complete: the run resumes from there."""
-        saved()
+        checkpointer.finish()
         d.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
         raise stopped(stop.name(), progress.step)
 
@@ -394,10 +344,10 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             # are written", summed over the ranks.
             flags = torch.stack([step_loss, distributed.local_norm(norm).float(),
                                  torch.tensor(float(stop.signum > 0), device=device),
-                                 torch.tensor(float(any(w.ready() for w in writing)), device=device)])
+                                 torch.tensor(float(checkpointer.written()), device=device)])
             loss_sum, norm_sum, signals, ready = d.all_reduce(flags).tolist()  # signals: ranks that saw one
             if ready == d.world:  # every rank's shard is on disk: rename and link it now, not at the next save
-                saved()
+                checkpointer.finish()
             step_loss, grad_norm = loss_sum / d.world, norm_sum / d.world
             if not math.isfinite(step_loss) or not (scaler.is_enabled() or math.isfinite(grad_norm)):
                 raise nonfinite_error(progress.step + 1, period, step_loss, grad_norm, model,
@@ -421,10 +371,10 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
             if progress.step >= last_step or not sampler.steps_left():
                 break  # the period's last step: saved next, then a stop signal is honoured in its evaluation
             if signals:  # every rank sees the same sum: all stop after this same step
-                save()
+                checkpointer.save()
                 stop_here()
             if cfg.checkpoint.every_steps and progress.step % cfg.checkpoint.every_steps == 0:
-                save()
+                checkpointer.save()
         log.end_epoch()
 
     # 4. The loop: each evaluation period (an epoch of images, train.eval_every steps of text) trains, is saved, then
@@ -435,9 +385,9 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         period = sampler.epoch
         if not evaluation_due:
             train_period(period)
-            save()
-        elif d.gather(not checkpoint.step_files(run_dir, progress.step))[0]:
-            save()  # resumed from another folder (rank 0 decides for all): this one gets the checkpoint too
+            checkpointer.save()
+        elif not checkpointer.saved_this_step():
+            checkpointer.save()  # resumed from another folder (rank 0 decides for all): this one gets the checkpoint too
         evaluation_due = False
         metrics = evaluate(model, task, *evals["val"], device, autocast, d, stop_if_asked)
         if not math.isfinite(metrics["loss"]):
@@ -457,15 +407,13 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
         log.say(f"{where}: {task.describe(metrics, 'val')}"
                 + (" (best)" if improved else f" (not better for {progress.bad_evals})") + rate)
         if improved:
-            mark_best()
+            checkpointer.mark_best()
         if early_stopped():
             log.say(f"early stop: no better validation loss for {tc.early_stop_patience} evaluations")
 
     # 5. The test split, touched once: best.pt's weights, read back from disk (the last weights if no file holds them).
-    saved()
     best_step = progress.best["step"]
-    if best := checkpoint.load_best(run_dir, best_step, resume):
-        restore(model, None, best, d)
+    best = checkpointer.load_best_weights()
     tested = f"best.pt, step {best_step}" if best else f"the last weights, step {progress.step}: best.pt is gone"
     stopped_by = "done"
     if early_stopped():

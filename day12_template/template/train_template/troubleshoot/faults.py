@@ -150,7 +150,7 @@ class Faults(train.Hook):
 def kill_between_links(n: int) -> None:
     """SIGKILL this process between the two links of a better period's checkpoint: last.pt linked before the
     evaluation, best.pt not yet after it, at the Nth time best.pt is about to be linked."""
-    link, count = checkpoint.link, [0]
+    link, count = checkpoint.files.link, [0]
 
     def maybe_die_then_link(src: Path, dst: Path) -> None:
         if dst.name == "best.pt":
@@ -160,7 +160,7 @@ def kill_between_links(n: int) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
         link(src, dst)
 
-    checkpoint.link = maybe_die_then_link
+    checkpoint.files.link = maybe_die_then_link
 
 
 def count_grad_syncs(module: torch.nn.Module, progress, folder: str) -> None:
