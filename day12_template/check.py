@@ -168,13 +168,13 @@ def test_a_rank_whose_peer_died_stops_with_one_line_and_exit_1(monkeypatch, caps
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(SystemExit) as ended:
-        config.exit_with(lost_peer)
+        train.exit_with(lost_peer)
     err = capsys.readouterr().err
     gates.check("a rank whose peer died (gloo: connection reset): exit code, one-line errors, says how to resume",
                 [ended.value.code, err.count("error (rank 1): another rank"), "resume=auto" in err], "==", [1, 1, True])
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(RuntimeError):  # one process has no peer to lose: the traceback stays
-        config.exit_with(lost_peer)
+        train.exit_with(lost_peer)
 
 
 def test_demo_and_memory_report_missing_data_in_one_line_exit_1(tmp_path, monkeypatch, capsys):

@@ -17,7 +17,7 @@ import sys
 from operator import itemgetter
 from pathlib import Path
 
-from . import config, runlog
+from . import config, runlog, train
 
 # where a run lives, how it started, what it logs and saves: not what it trains
 IGNORED = ("run.out_dir", "run.tracker", "checkpoint.", "train.progress", "train.log_every", "data.num_workers",
@@ -120,4 +120,4 @@ def main(argv=None) -> int:
 
 def cli() -> None:
     """`python compare_runs.py` at the template's root runs this."""
-    config.exit_with(main)
+    train.exit_with(main)

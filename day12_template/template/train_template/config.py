@@ -14,7 +14,6 @@ import math
 import operator
 import os
 import re
-import sys
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -438,36 +437,6 @@ def argument_parser(doc: str, inspect: bool = False) -> argparse.ArgumentParser:
         parser.add_argument("--print-config", action="store_true", help="print the effective config as TOML and exit")
         parser.add_argument("--help-config", action="store_true", help="list every field with its default and reason")
     return parser
-
-
-OUT_OF_MEMORY = ("out of memory", "allocate memory")  # torch's CPU allocator; CUDA's OutOfMemoryError
-PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo, when a rank has died
-
-
-def exit_with(main) -> None:
-    """sys.exit(main()) for the entry points; quietly (141, as for SIGPIPE) when stdout's reader has gone: `| head`;
-    one line and exit 1 when memory runs out or, under torchrun, when another rank has died (RuntimeErrors both)."""
-    try:
-        code = main()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail again
-        code = 141
-    except (MemoryError, RuntimeError) as exc:
-        first_line = (str(exc) or type(exc).__name__).splitlines()[0]
-        rank = os.environ.get("RANK", "0")
-        where = "" if rank == "0" else f" (rank {rank})"
-        if isinstance(exc, MemoryError) or any(s in first_line for s in OUT_OF_MEMORY):
-            print(f"error{where}: out of memory ({first_line}); lower train.batch_size (raise train.grad_accum) or "
-                  "the model size", file=sys.stderr)
-        elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(s in first_line for s in PEER_GONE):
-            print(f"error{where}: another rank of this job has gone (killed or crashed: its log says why), so this "
-                  "one stops too; resume from the last checkpoint with --set checkpoint.resume=auto",
-                  file=sys.stderr)
-        else:
-            raise
-        code = 1
-    sys.exit(code)
 
 
 def load(path: str | None, overrides: list[str]) -> Config:

@@ -65,4 +65,4 @@ def main(argv=None) -> int:
 
 def cli() -> None:
     """`python consolidate.py` at the template's root runs this."""
-    config.exit_with(main)
+    train.exit_with(main)

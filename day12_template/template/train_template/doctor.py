@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, config, data, models, runlog
+from . import checkpoint, config, data, models, runlog, train
 from .troubleshoot.faults import Faults, parse_breaks
 from .troubleshoot.case import Case
 from .troubleshoot.checklists import CHECKS, ITEMS, SYMPTOMS, items_of, markdown_cell, plan
@@ -100,4 +100,4 @@ def write_markdown(lines: list[str], findings: list, path: Path) -> None:
 
 def cli() -> None:
     """`python doctor.py` at the template's root, and the `template-doctor` command of `pip install -e .`."""
-    config.exit_with(main)
+    train.exit_with(main)

@@ -40,7 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import config, data, models, tasks
+from . import config, data, models, tasks, train
 
 CONTEXT_GIB = 0.5  # the CUDA context and library workspaces a card must hold besides the estimate
 
@@ -341,4 +341,4 @@ def main(argv=None) -> None:
 
 def cli() -> None:
     """`python memory.py` at the template's root runs this."""
-    config.exit_with(main)
+    train.exit_with(main)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import config, text
+from . import text, train
 from .troubleshoot import text_hygiene
 
 SPLITS = ("train", "val", "test")
@@ -160,4 +160,4 @@ def main(argv=None) -> int:
 
 def cli() -> None:
     """`python prepare.py` at the template's root, and the `template-prepare` command of `pip install -e .`."""
-    config.exit_with(main)
+    train.exit_with(main)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, config, data, gpt, models, text
+from . import checkpoint, config, data, gpt, models, text, train
 
 
 class OtherVocabulary(Exception):
@@ -193,4 +193,4 @@ def main(argv=None) -> int:
 
 def cli() -> None:
     """`python sample.py` at the template's root, and the `template-sample` command of `pip install -e .`."""
-    config.exit_with(main)
+    train.exit_with(main)

@@ -11,8 +11,10 @@ models alike: the data says what it is, the task (tasks.py) turns the model's ou
 
 The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/ (or mlruns/: run.tracker), ckpt-*.pt,
 last.pt, best.pt and run.lock.
-Exit codes: 0 done; 1 error (data, checkpoint, a log file, non-finite loss, out of memory); 2 bad config (nothing
-written); 143 / 130 stopped by SIGTERM / SIGINT after writing last.pt (resume with checkpoint.resume=auto).
+Exit codes (`main` and `exit_with`, at the end of this file; the other commands share `exit_with`): 0 done; 1 error
+(data, checkpoint, a log file, non-finite loss, out of memory, a rank of the job gone); 2 bad config (nothing
+written); 143 / 130 stopped by SIGTERM / SIGINT after writing last.pt (resume with checkpoint.resume=auto); 141
+stdout's reader gone (`| head`).
 """
 import os
 
@@ -24,6 +26,7 @@ import functools
 import math
 import random
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,14 +49,14 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
-def build_model(cfg: config.Config, info, d: distributed.Dist) -> torch.nn.Module:
-    """The model on d.device, initialised from run.seed. Under FSDP it is sharded on the meta device, before any
+def build_model(cfg: config.Config, info, dist: distributed.Dist) -> torch.nn.Module:
+    """The model on dist.device, initialised from run.seed. Under FSDP it is sharded on the meta device, before any
     memory exists, so that no rank ever allocates more than its shard plus one full tensor: every rank draws the
     same initial tensors, one at a time, and keeps its own rows (models.init_weights)."""
     shard = None
-    if d.enabled and cfg.train.strategy == "fsdp":
-        shard = functools.partial(distributed.shard, d=d, bf16=cfg.train.amp and cfg.train.amp_dtype == "bfloat16")
-    model = models.build(cfg.model, info, cfg.run.seed, d.device, shard)
+    if dist.enabled and cfg.train.strategy == "fsdp":
+        shard = functools.partial(distributed.shard, d=dist, bf16=cfg.train.amp and cfg.train.amp_dtype == "bfloat16")
+    model = models.build(cfg.model, info, cfg.run.seed, dist.device, shard)
     if cfg.model.channels_last and not shard:  # NHWC kernels (FSDP2 keeps its shards contiguous; inputs still NHWC)
         model.to(memory_format=torch.channels_last)
     return model
@@ -130,10 +133,10 @@ def run_length(train: config.Train, sampler: data.ResumableSampler) -> tuple[int
 
 
 @torch.no_grad()
-def evaluate(model, task, loader, weights, device, autocast, d, after_batch=None) -> dict:
+def evaluate(model, task, loader, weights, device, autocast, dist, after_batch=None) -> dict:
     """The task's metrics over every rank's share, in eval mode (dropout off, BatchNorm's running statistics).
     `after_batch()`, if given, runs after each batch on every rank: the loop honours a stop signal there."""
-    distributed.sync_buffers(model, d)
+    distributed.sync_buffers(model, dist)
     model.eval()
     totals = torch.zeros(len(task.sums), device=device, dtype=torch.float32 if device.type == "mps" else torch.float64)
     for (x, y), w in zip(loader, weights):
@@ -144,7 +147,7 @@ def evaluate(model, task, loader, weights, device, autocast, d, after_batch=None
         if after_batch:
             after_batch()
     model.train()
-    return task.metrics(d.all_reduce(totals).tolist())
+    return task.metrics(dist.all_reduce(totals).tolist())
 
 
 def forward_backward(module, task, micro_batches, device, autocast, scaler, channels_last: bool) -> torch.Tensor:
@@ -166,92 +169,106 @@ def run(cfg: config.Config, hooks: list[Hook] = ()) -> dict:
     """Train per `cfg` (one process, or one rank of a torchrun job); returns the final figures."""
     try:
         distributed.check_launcher(cfg.checkpoint.resume)
-        d = distributed.setup(cfg.run.device)
+        dist = distributed.setup(cfg.run.device)
     except ValueError as exc:
         raise config.ConfigError(str(exc)) from None
-    stop = StopSignal(repeat_stops=not d.enabled)
+    stop = StopSignal(repeat_stops=not dist.enabled)
     try:
         with contextlib.ExitStack() as closing:  # files and writer threads are closed however the run ends
-            result = fit(cfg, d, stop, closing, hooks)
-        d.barrier()  # no rank tears the group down while another still communicates (gloo aborts at exit)
+            result = fit(setup(cfg, dist, stop, closing, hooks))
+        dist.barrier()  # no rank tears the group down while another still communicates (gloo aborts at exit)
         return result
     finally:
-        d.close()
+        dist.close()
         stop.restore()
 
 
-def on_rank0(d: distributed.Dist, claim, run_dir: Path):
-    """`claim(run_dir)` on rank 0 (None elsewhere); if it finds the folder busy, every rank refuses (exit 2)."""
-    result, error = None, None
-    if d.is_main:
-        try:
-            result = claim(run_dir)
-        except runlock.Busy as exc:
-            error = str(exc)
-        except OSError as exc:  # e.g. run.lock is a folder, or the folder is not writable
-            error = f"run.out_dir {run_dir}: cannot take its lock {run_dir / runlock.NAME} ({exc.strerror or exc})"
-    if error := d.gather(error)[0]:
-        raise config.ConfigError(error)
-    return result
+@dataclass
+class Run:
+    """One run's built parts: `setup()` makes them; `fit()` and the functions it calls use them."""
+    cfg: config.Config
+    dist: distributed.Dist
+    stop: StopSignal
+    hooks: list[Hook]
+    task: object  # tasks.py: the loss, the evaluation sums and the metrics
+    model: torch.nn.Module
+    module: torch.nn.Module  # what trains: a DDP wrapper, the FSDP2-sharded model, or the model itself
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    autocast: Callable
+    sampler: data.ResumableSampler
+    train_loader: Iterable
+    eval_loaders: dict  # split -> (loader, the weight of each of its batches)
+    progress: Progress
+    checkpointer: checkpoint.Checkpointer
+    log: runlog.RunLog
+    speed: runlog.Speed
+    profiler: object
+    periods: int  # evaluation periods: epochs of images, train.eval_every steps of text
+    total_steps: int  # the schedule's length
+    last_step: int  # where this run stops (train.max_steps may stop it sooner)
+    evaluation_due: bool  # resumed from a checkpoint written before its evaluation: that evaluation comes first
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run.out_dir)
 
 
-def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: contextlib.ExitStack, hooks) -> dict:
+def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing: contextlib.ExitStack,
+          hooks: list[Hook]) -> Run:
+    """Every part of the run, built in an order that writes nothing until nothing can be refused any more."""
     # 1. Everything that can be refused is checked before anything is written.
-    config.check_combinations(cfg, d.world)
-    run_dir, device, tc = Path(cfg.run.out_dir), d.device, cfg.train
-    on_rank0(d, runlock.check, run_dir)  # a live run in that folder: refused first, before any work
-    resume, ckpt = checkpoint.resume_source(cfg)
-    run_id, continued_run = runlog.identity(run_dir, ckpt, resume, cfg.checkpoint.resume == "auto")
-    run_id = d.gather(run_id)[0]  # a fresh run's id, drawn on rank 0
+    config.check_combinations(cfg, dist.world)
+    run_dir, train_cfg, device = Path(cfg.run.out_dir), cfg.train, dist.device
+    on_rank0(dist, runlock.check, run_dir)  # a live run in that folder: refused first, before any work
+    source, ckpt = checkpoint.resume_source(cfg)
+    run_id, continued_run = runlog.identity(run_dir, ckpt, source, cfg.checkpoint.resume == "auto")
+    run_id = dist.gather(run_id)[0]  # a fresh run's id, drawn on rank 0
     seed_everything(cfg.run.seed, cfg.run.deterministic)
     splits = data.build(cfg.data, cfg.run.seed)
     for hook in hooks:
         splits = hook.data(splits)
     task = tasks.for_data(splits.info)
-    model = build_model(cfg, splits.info, d)
+    model = build_model(cfg, splits.info, dist)
     fingerprint = data.fingerprint(splits)  # each split's size and content hash: every checkpoint records it
-    data_changes = data.changes(ckpt["data"], fingerprint) if ckpt else {}  # split -> how it changed
-    if ckpt:  # data.root may change on resume: data of another vocabulary is a conflicting resume (exit 2)
-        try:
-            checkpoint.check_fits(model, ckpt, resume, splits.info, cfg.data)
-        except checkpoint.CheckpointError as exc:
-            raise config.ConfigError(f"refusing to resume: {exc}") from None
-        if data_changes and not cfg.checkpoint.accept_new_data:
-            raise data.DataError(f"refusing to resume from {resume}: {'; '.join(data_changes.values())}. To train "
-                                 f"on the new data on purpose, add --set checkpoint.accept_new_data=true")
+    data_changes = {}  # split -> how it changed since the checkpoint resumed from
+    if ckpt:
+        data_changes = checkpoint.check_resume(model, ckpt, source, splits, fingerprint, cfg)
     elif cfg.checkpoint.init_from:
         checkpoint.load_weights(model, cfg.checkpoint.init_from, splits.info, cfg.data)
-    if d.enabled:
-        torch.manual_seed(cfg.run.seed + 1 + d.rank)  # from here on, each rank its own dropout
-    module = distributed.wrap(model, d)  # a DDP wrapper under torchrun, else the (perhaps sharded) model itself
+    if dist.enabled:
+        torch.manual_seed(cfg.run.seed + 1 + dist.rank)  # from here on, each rank its own dropout
+    module = distributed.wrap(model, dist)  # a DDP wrapper under torchrun, else the (perhaps sharded) model itself
     if cfg.model.compile:
         module = torch.compile(module)
 
     # 2. Data order, optimizer, schedule, scaler: the state a checkpoint must carry.
-    accum, pin = tc.grad_accum, cfg.data.pin_memory and device.type == "cuda"
-    micro = tc.batch_size // (accum * d.world)  # one forward's share of the global batch
-    sampler = data.ResumableSampler(len(splits.train), tc.batch_size, micro, d.rank, d.world, cfg.run.seed,
-                                    draws=tc.eval_every or tc.steps)  # text: windows drawn per evaluation period
-    if sampler.steps_per_epoch == 0:
-        raise data.DataError(f"train.batch_size={tc.batch_size} exceeds the {len(splits.train)} training samples")
-    train_loader = data.loader(splits.train, sampler, cfg.data.num_workers, pin)
-    evals = data.eval_loaders(splits, micro, d.rank, d.world, cfg.data.num_workers, pin)  # a training forward's size:
-    # what fits in training fits in evaluation (GPT-2's 480 windows of micro-batch x grad_accum would need ~230 GiB)
-    periods, total_steps = run_length(tc, sampler)
-    last_step = min(total_steps, tc.max_steps or total_steps)
+    pin_memory = cfg.data.pin_memory and device.type == "cuda"
+    micro = train_cfg.batch_size // (train_cfg.grad_accum * dist.world)  # one forward's share of the global batch
+    sampler = data.ResumableSampler(len(splits.train), train_cfg.batch_size, micro, dist.rank, dist.world,
+                                    cfg.run.seed, draws=train_cfg.eval_every or train_cfg.steps)  # text: windows
+    if sampler.steps_per_epoch == 0:  # drawn per evaluation period
+        raise data.DataError(f"train.batch_size={train_cfg.batch_size} exceeds the {len(splits.train)} training "
+                             f"samples")
+    train_loader = data.loader(splits.train, sampler, cfg.data.num_workers, pin_memory)
+    # Evaluation batches are a training forward's size: what fits in training fits in evaluation (GPT-2's 480
+    # windows of micro-batch x grad_accum would need ~230 GiB).
+    eval_loaders = data.eval_loaders(splits, micro, dist.rank, dist.world, cfg.data.num_workers, pin_memory)
+    periods, total_steps = run_length(train_cfg, sampler)
+    last_step = min(total_steps, train_cfg.max_steps or total_steps)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = warmup_cosine(optimizer, total_steps, cfg.optim)
-    scaler = torch.amp.GradScaler(device.type, enabled=tc.amp and tc.amp_dtype == "float16")  # fp16 only
-    autocast = models.autocast(tc, device.type)
-    speed = runlog.Speed(tc.batch_size, task.tokens_per_sample, model, device, tc)  # measures the CPU's peak: first
-    progress = Progress()
+    scaler = torch.amp.GradScaler(device.type, enabled=train_cfg.amp and train_cfg.amp_dtype == "float16")  # fp16
+    speed = runlog.Speed(train_cfg.batch_size, task.tokens_per_sample, model, device, train_cfg)  # measures a CPU's
+    progress = Progress()  # peak FLOP/s first
     states = {"scheduler": scheduler, "scaler": scaler, "sampler": sampler}  # each checkpointed by its name
     for hook in hooks:
         states.update(hook.states(model))
     about = {"run_id": run_id, "data": fingerprint, "info": {"task": task.name, **dataclasses.asdict(splits.info)}}
-    checkpointer = checkpoint.Checkpointer(cfg, d, model, optimizer, progress, states, about)
+    checkpointer = checkpoint.Checkpointer(cfg, dist, model, optimizer, progress, states, about)
     if ckpt:
-        checkpointer.load(ckpt, resume)
+        checkpointer.load(ckpt, source)
         if "val" in data_changes:  # its losses were measured on other data: not comparable
             progress.forget_best()
     # A checkpoint at a period's end (or the run's) was written before that period's evaluation: a resume from it
@@ -259,175 +276,246 @@ def fit(cfg: config.Config, d: distributed.Dist, stop: StopSignal, closing: cont
     evaluation_due = bool(ckpt) and (progress.step >= last_step or not sampler.steps_left())
 
     # 3. The run folder (rank 0 writes, the others only compute), now that nothing can be refused any more.
-    if d.is_main:
+    if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    lock = on_rank0(d, runlock.hold, run_dir)  # one writer per run folder, until this run ends
+    lock = on_rank0(dist, runlock.hold, run_dir)  # one writer per run folder, until this run ends
     if lock:
         closing.callback(lock.release)
-    if d.is_main:
+    if dist.is_main:
         checkpoint.clean_stale_tmp(run_dir)  # safe: no other live run owns these files
         if warning := config.ignored(cfg):
             print(f"warning: {warning}", file=sys.stderr)
         if vocabulary := data.kept_vocabulary(cfg.data):  # the run folder alone decodes its samples (sample.py)
             runlog.write_atomic(run_dir / "meta.json", vocabulary)
-    meta = runlog.metadata(device, d.world, str(resume.resolve()) if resume else None)
+    meta = runlog.metadata(device, dist.world, str(source.resolve()) if source else None)
     if continued_run:
         meta["continued_run"] = continued_run
     if data_changes:
         meta["data_changed"] = list(data_changes.values())
-    log = runlog.RunLog(run_dir, cfg, d.is_main, progress.step, meta, evaluation_due, run_id)
+    log = runlog.RunLog(run_dir, cfg, dist.is_main, progress.step, meta, evaluation_due, run_id)
     closing.push(log.ended)
     checkpointer.before_write = log.flush
+    for hook in hooks:
+        hook.attach(model, module, progress)
+    profiler = runlog.profiler(cfg, run_dir, cfg.profile.enabled and dist.is_main, closing)
+    run = Run(cfg, dist, stop, hooks, task, model, module, optimizer, scheduler, scaler,
+              models.autocast(train_cfg, device.type), sampler, train_loader, eval_loaders, progress, checkpointer,
+              log, speed, profiler, periods, total_steps, last_step, evaluation_due)
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
-            f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if tc.steps else 'samples'}) | "
-            f"{device} x {d.world} | {run_dir}")
+            f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if train_cfg.steps else 'samples'})"
+            f" | {device} x {dist.world} | {run_dir}")
     if ckpt:
-        resumed = (f"resumed from {resume} at step {progress.step} (period {sampler.epoch + 1}, sample "
-                   f"{sampler.position:,})")
-        if ckpt["world_size"] != d.world:
-            resumed += f"; {ckpt['world_size']} -> {d.world} ranks: same samples, new dropout"
-        if run_length(config.from_dict(ckpt["config"]).train, sampler)[1] != total_steps:  # safe, but it re-plans
-            resumed += (f"; the schedule is re-planned for {total_steps} steps: the learning rate follows the new "
-                        f"warmup + cosine from this step on")
-        if progress.step >= total_steps:
-            resumed += f"; step {progress.step} is past the {total_steps} planned: nothing more to train"
-        if evaluation_due:
-            resumed += f"; the evaluation at step {progress.step}, which its checkpoint came before, is done again"
-        if continued_run:
-            resumed += f"; a checkpoint of another run ({continued_run}), continued as this folder's run {run_id}"
-        if data_changes:
-            resumed += f"; on new data (checkpoint.accept_new_data): {'; '.join(data_changes.values())}"
-            if "val" in data_changes:
-                resumed += "; the best validation loss so far is forgotten (it was measured on other data)"
-        log.say(resumed)
-        if d.is_main and (note := checkpoint.repair_best(run_dir, ckpt, resume)):
+        log.say(resumed(run, ckpt, source, continued_run, data_changes))
+        if dist.is_main and (note := checkpoint.repair_best(run_dir, ckpt, source)):
             log.say(note)
     if lock and lock.note:
         log.say(lock.note)
     if distributed.is_sharded(model) and not hasattr(model, "init_tensor"):
         log.say(f"{cfg.model.name} has no init_tensor: each rank built it whole before sharding it (see models.py)")
-    for hook in hooks:
-        hook.attach(model, module, progress)
-    prof = runlog.profiler(cfg, run_dir, cfg.profile.enabled and d.is_main, closing)
+    return run
 
-    def stop_here() -> None:
-        """Every rank stops after the same step, once its checkpoint is complete: the run resumes from there."""
-        checkpointer.finish()
-        d.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
-        raise stopped(stop.name(), progress.step)
 
-    def stop_if_asked() -> None:
-        """Between two evaluation batches: a stop signal on any rank stops them all here (each asks at the same batch).
-        The step's checkpoint was written before its evaluation, so the resumed run evaluates it again."""
-        asked = stop.signum > 0
-        if d.enabled:
-            asked = d.all_reduce(torch.tensor(float(asked), device=device)).item() > 0
-        if asked:
-            stop_here()
+def resumed(run: Run, ckpt: dict, source: Path, continued_run: str | None, data_changes: dict) -> str:
+    """What a resume continues, and what differs from the run that wrote its checkpoint."""
+    step, world = run.progress.step, run.dist.world
+    said = f"resumed from {source} at step {step} (period {run.sampler.epoch + 1}, sample {run.sampler.position:,})"
+    if ckpt["world_size"] != world:
+        said += f"; {ckpt['world_size']} -> {world} ranks: same samples, new dropout"
+    if run_length(config.from_dict(ckpt["config"]).train, run.sampler)[1] != run.total_steps:  # safe, but re-planned
+        said += (f"; the schedule is re-planned for {run.total_steps} steps: the learning rate follows the new warmup "
+                 f"+ cosine from this step on")
+    if step >= run.total_steps:
+        said += f"; step {step} is past the {run.total_steps} planned: nothing more to train"
+    if run.evaluation_due:
+        said += f"; the evaluation at step {step}, which its checkpoint came before, is done again"
+    if continued_run:
+        said += (f"; a checkpoint of another run ({continued_run}), continued as this folder's run "
+                 f"{run.checkpointer.about['run_id']}")
+    if data_changes:
+        said += f"; on new data (checkpoint.accept_new_data): {'; '.join(data_changes.values())}"
+        if "val" in data_changes:
+            said += "; the best validation loss so far is forgotten (it was measured on other data)"
+    return said
 
-    def early_stopped() -> bool:
-        return bool(tc.early_stop_patience) and progress.bad_evals >= tc.early_stop_patience
 
-    def train_period(period: int) -> None:
-        """The period's remaining optimizer steps: micro-batches -> one optimizer step -> log / checkpoint / stop (a
-        stop signal with its last step is honoured in its evaluation, after the checkpoint)."""
-        batches = iter(train_loader)
-        log.epoch_bar(f"{period_name} {period + 1}/{periods}", sampler.steps_per_epoch,
-                      sampler.steps_per_epoch - sampler.steps_left())
-        for _ in range(sampler.steps_left()):
-            micro_batches = [next(batches) for _ in range(accum)]
-            step_loss = forward_backward(module, task, micro_batches, device, autocast, scaler,
-                                         cfg.model.channels_last)
-            scaler.unscale_(optimizer)  # true gradients first, so the clip threshold means what it says
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
-            # The one host sync per step: loss, gradient norm, "a signal arrived" and "my asynchronous save's files
-            # are written", summed over the ranks.
-            flags = torch.stack([step_loss, distributed.local_norm(norm).float(),
-                                 torch.tensor(float(stop.signum > 0), device=device),
-                                 torch.tensor(float(checkpointer.written()), device=device)])
-            loss_sum, norm_sum, signals, ready = d.all_reduce(flags).tolist()  # signals: ranks that saw one
-            if ready == d.world:  # every rank's shard is on disk: rename and link it now, not at the next save
-                checkpointer.finish()
-            step_loss, grad_norm = loss_sum / d.world, norm_sum / d.world
-            if not math.isfinite(step_loss) or not (scaler.is_enabled() or math.isfinite(grad_norm)):
-                raise nonfinite_error(progress.step + 1, period, step_loss, grad_norm, model,
-                                      [(x.to(device), y) for x, y in micro_batches], autocast, d, run_dir / "last.pt")
-            scaler.step(optimizer)  # fp16: skipped when a gradient overflowed (and the scale halves)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            progress.step += 1
-            sampler.advance()
-            progress.window = [progress.window[0] + step_loss, progress.window[1] + 1]
-            log.advance()
-            for hook in hooks:
-                hook.step(progress)
-            prof.step()
-            if progress.step % tc.log_every == 0:
-                log.record("train", progress.step, epoch=period, loss=progress.window[0] / progress.window[1],
-                           lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, scale=scaler.get_scale(),
-                           **speed.figures(progress.step))
-                progress.window = [0.0, 0]
-            if progress.step >= last_step or not sampler.steps_left():
-                break  # the period's last step: saved next, then a stop signal is honoured in its evaluation
-            if signals:  # every rank sees the same sum: all stop after this same step
-                checkpointer.save()
-                stop_here()
-            if cfg.checkpoint.every_steps and progress.step % cfg.checkpoint.every_steps == 0:
-                checkpointer.save()
-        log.end_epoch()
-
-    # 4. The loop: each evaluation period (an epoch of images, train.eval_every steps of text) trains, is saved, then
-    # evaluated; a resume whose evaluation is due starts there.
-    speed.start(progress.step)
-    period_name = "period" if tc.steps else "epoch"  # text evaluates every train.eval_every steps, images per epoch
-    while sampler.epoch < periods and (progress.step < last_step or evaluation_due) and not early_stopped():
+def fit(run: Run) -> dict:
+    """The loop: each evaluation period (an epoch of images, train.eval_every steps of text) trains, is saved, then
+    evaluated; a resume whose evaluation is due starts there. Then the test split, once."""
+    progress, sampler = run.progress, run.sampler
+    run.speed.start(progress.step)
+    while (sampler.epoch < run.periods and (progress.step < run.last_step or run.evaluation_due)
+           and not early_stopped(run)):
         period = sampler.epoch
-        if not evaluation_due:
-            train_period(period)
-            checkpointer.save()
-        elif not checkpointer.saved_this_step():
-            checkpointer.save()  # resumed from another folder (rank 0 decides for all): this one gets the checkpoint too
-        evaluation_due = False
-        metrics = evaluate(model, task, *evals["val"], device, autocast, d, stop_if_asked)
-        if not math.isfinite(metrics["loss"]):
-            raise NonFinite(f"validation loss is {metrics['loss']} at step {progress.step}: last.pt holds the "
-                            f"weights that gave it")
-        improved = metrics["loss"] < progress.best["val_loss"]
-        if improved:
-            progress.best = {"step": progress.step, "val_loss": metrics["loss"]}
-        progress.bad_evals = 0 if improved else progress.bad_evals + 1
-        if not sampler.steps_left():
-            sampler.set_epoch(period + 1)
-        log.record("val", progress.step, epoch=period, best=improved, **{f"val_{k}": v for k, v in metrics.items()})
-        where = f"epoch {period + 1}/{periods} step {progress.step}"
-        if tc.steps:
-            where = f"step {progress.step}/{total_steps}"
-        rate = f", {speed.samples_per_s(progress.step):,.0f} samples/s" if progress.step > speed.step0 else ""
-        log.say(f"{where}: {task.describe(metrics, 'val')}"
-                + (" (best)" if improved else f" (not better for {progress.bad_evals})") + rate)
-        if improved:
-            checkpointer.mark_best()
-        if early_stopped():
-            log.say(f"early stop: no better validation loss for {tc.early_stop_patience} evaluations")
+        if not run.evaluation_due:
+            train_period(run, period)
+            run.checkpointer.save()
+        elif not run.checkpointer.saved_this_step():  # resumed from another folder: this one gets the checkpoint too
+            run.checkpointer.save()
+        run.evaluation_due = False
+        validate(run, period)
+    return final_test(run)
 
-    # 5. The test split, touched once: best.pt's weights, read back from disk (the last weights if no file holds them).
+
+def train_period(run: Run, period: int) -> None:
+    """The period's remaining optimizer steps, each logged, checkpointed every checkpoint.every_steps, and stopped
+    after a signal (a signal at the period's last step is honoured in its evaluation, after the checkpoint)."""
+    sampler, progress, every_steps = run.sampler, run.progress, run.cfg.checkpoint.every_steps
+    name = "period" if run.cfg.train.steps else "epoch"  # text evaluates every train.eval_every steps
+    run.log.epoch_bar(f"{name} {period + 1}/{run.periods}", sampler.steps_per_epoch,
+                      sampler.steps_per_epoch - sampler.steps_left())
+    batches = iter(run.train_loader)
+    for _ in range(sampler.steps_left()):
+        micro_batches = [next(batches) for _ in range(run.cfg.train.grad_accum)]
+        step_loss, grad_norm, signalled = train_step(run, micro_batches)
+        record_step(run, period, step_loss, grad_norm)
+        if progress.step >= run.last_step or not sampler.steps_left():
+            break  # the period's last step: saved next, then a stop signal is honoured in its evaluation
+        if signalled:  # every rank knows: all stop after this same step
+            run.checkpointer.save()
+            stop_here(run)
+        if every_steps and progress.step % every_steps == 0:
+            run.checkpointer.save()
+    run.log.end_epoch()
+
+
+def train_step(run: Run, micro_batches: list) -> tuple[float, float, bool]:
+    """One optimizer step: gradients accumulated over the micro-batches, unscaled and clipped, the step's one host
+    sync, then the update, unless the loss is not finite (the run stops before the step is applied). Returns the
+    step's loss and gradient norm (means over the ranks), and whether a stop signal reached any rank."""
+    dist, device, optimizer, scaler = run.dist, run.dist.device, run.optimizer, run.scaler
+    step_loss = forward_backward(run.module, run.task, micro_batches, device, run.autocast, scaler,
+                                 run.cfg.model.channels_last)
+    scaler.unscale_(optimizer)  # true gradients first, so the clip threshold means what it says
+    norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.optim.grad_clip or math.inf)
+    # The one host sync per step: loss, gradient norm, "a signal arrived" and "my asynchronous save's files are
+    # written", summed over the ranks.
+    flags = torch.stack([step_loss, distributed.local_norm(norm).float(),
+                         torch.tensor(float(run.stop.signum > 0), device=device),
+                         torch.tensor(float(run.checkpointer.written()), device=device)])
+    loss_sum, norm_sum, signals, written = dist.all_reduce(flags).tolist()  # signals: ranks that saw one
+    if written == dist.world:  # every rank's shard is on disk: rename and link it now, not at the next save
+        run.checkpointer.finish()
+    step_loss, grad_norm = loss_sum / dist.world, norm_sum / dist.world
+    if not math.isfinite(step_loss) or not (scaler.is_enabled() or math.isfinite(grad_norm)):
+        raise nonfinite_error(run.progress.step + 1, run.sampler.epoch, step_loss, grad_norm, run.model,
+                              [(x.to(device), y) for x, y in micro_batches], run.autocast, dist,
+                              run.run_dir / "last.pt")
+    scaler.step(optimizer)  # fp16: skipped when a gradient overflowed (and the scale halves)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    run.progress.step += 1
+    run.sampler.advance()
+    return step_loss, grad_norm, signals > 0
+
+
+def record_step(run: Run, period: int, step_loss: float, grad_norm: float) -> None:
+    """A step's bookkeeping: the progress bar, the hooks, the profiler, and every train.log_every steps a record."""
+    progress = run.progress
+    progress.window = [progress.window[0] + step_loss, progress.window[1] + 1]
+    run.log.advance()
+    for hook in run.hooks:
+        hook.step(progress)
+    run.profiler.step()
+    if progress.step % run.cfg.train.log_every == 0:
+        run.log.record("train", progress.step, epoch=period, loss=progress.window[0] / progress.window[1],
+                       lr=run.scheduler.get_last_lr()[0], grad_norm=grad_norm, scale=run.scaler.get_scale(),
+                       **run.speed.figures(progress.step))
+        progress.window = [0.0, 0]
+
+
+def evaluate_split(run: Run, split: str) -> dict:
+    """`evaluate` on one of the run's evaluation splits, a stop signal honoured between its batches."""
+    return evaluate(run.model, run.task, *run.eval_loaders[split], run.dist.device, run.autocast, run.dist,
+                    functools.partial(stop_if_asked, run))
+
+
+def validate(run: Run, period: int) -> None:
+    """The validation split at this step: its record and line, best.pt if it is the best so far, early stopping."""
+    progress, sampler, train_cfg = run.progress, run.sampler, run.cfg.train
+    metrics = evaluate_split(run, "val")
+    if not math.isfinite(metrics["loss"]):
+        raise NonFinite(f"validation loss is {metrics['loss']} at step {progress.step}: last.pt holds the weights "
+                        f"that gave it")
+    improved = metrics["loss"] < progress.best["val_loss"]
+    if improved:
+        progress.best = {"step": progress.step, "val_loss": metrics["loss"]}
+    progress.bad_evals = 0 if improved else progress.bad_evals + 1
+    if not sampler.steps_left():
+        sampler.set_epoch(period + 1)
+    run.log.record("val", progress.step, epoch=period, best=improved, **{f"val_{k}": v for k, v in metrics.items()})
+    where = f"epoch {period + 1}/{run.periods} step {progress.step}"
+    if train_cfg.steps:
+        where = f"step {progress.step}/{run.total_steps}"
+    verdict = " (best)" if improved else f" (not better for {progress.bad_evals})"
+    rate = ""
+    if progress.step > run.speed.step0:
+        rate = f", {run.speed.samples_per_s(progress.step):,.0f} samples/s"
+    run.log.say(f"{where}: {run.task.describe(metrics, 'val')}{verdict}{rate}")
+    if improved:
+        run.checkpointer.mark_best()
+    if early_stopped(run):
+        run.log.say(f"early stop: no better validation loss for {train_cfg.early_stop_patience} evaluations")
+
+
+def early_stopped(run: Run) -> bool:
+    patience = run.cfg.train.early_stop_patience
+    return bool(patience) and run.progress.bad_evals >= patience
+
+
+def final_test(run: Run) -> dict:
+    """The test split, touched once: best.pt's weights, read back from disk (the last weights if no file holds them
+    any more). Returns the run's final figures."""
+    progress = run.progress
     best_step = progress.best["step"]
-    best = checkpointer.load_best_weights()
-    tested = f"best.pt, step {best_step}" if best else f"the last weights, step {progress.step}: best.pt is gone"
+    tested = f"the last weights, step {progress.step}: best.pt is gone"
+    if run.checkpointer.load_best_weights():
+        tested = f"best.pt, step {best_step}"
     stopped_by = "done"
-    if early_stopped():
+    if early_stopped(run):
         stopped_by = "early_stop"
-    elif progress.step < total_steps:
+    elif progress.step < run.total_steps:
         stopped_by = "max_steps"
     result = {"step": progress.step, "stopped_by": stopped_by, "best_step": best_step,
-              "best_val_loss": progress.best["val_loss"], "run_dir": str(run_dir), "tested": tested}
-    if "test" in evals:
-        metrics = evaluate(model, task, *evals["test"], device, autocast, d, stop_if_asked)
+              "best_val_loss": progress.best["val_loss"], "run_dir": str(run.run_dir), "tested": tested}
+    if "test" in run.eval_loaders:
+        metrics = evaluate_split(run, "test")
         result.update({f"test_{k}": v for k, v in metrics.items()})
-        log.record("test", progress.step, **{k: v for k, v in result.items() if k.startswith(("test", "best"))})
-        log.say(f"test ({tested}): {task.describe(metrics, 'test')}")
-    log.close()
+        run.log.record("test", progress.step, **{k: v for k, v in result.items() if k.startswith(("test", "best"))})
+        run.log.say(f"test ({tested}): {run.task.describe(metrics, 'test')}")
+    run.log.close()
+    return result
+
+
+def stop_here(run: Run) -> None:
+    """Every rank stops after the same step, once its checkpoint is complete: the run resumes from there."""
+    run.checkpointer.finish()
+    run.dist.barrier()  # as after the last step: no rank leaves while another still writes (gloo aborts)
+    raise stopped(run.stop.name(), run.progress.step)
+
+
+def stop_if_asked(run: Run) -> None:
+    """Between two evaluation batches: a stop signal on any rank stops them all here (each asks at the same batch).
+    The step's checkpoint was written before its evaluation, so the resumed run evaluates it again."""
+    asked = run.stop.signum > 0
+    if run.dist.enabled:
+        asked = run.dist.all_reduce(torch.tensor(float(asked), device=run.dist.device)).item() > 0
+    if asked:
+        stop_here(run)
+
+
+def on_rank0(dist: distributed.Dist, claim, run_dir: Path):
+    """`claim(run_dir)` on rank 0 (None elsewhere); if it finds the folder busy, every rank refuses (exit 2)."""
+    result, error = None, None
+    if dist.is_main:
+        try:
+            result = claim(run_dir)
+        except runlock.Busy as exc:
+            error = str(exc)
+        except OSError as exc:  # e.g. run.lock is a folder, or the folder is not writable
+            error = f"run.out_dir {run_dir}: cannot take its lock {run_dir / runlock.NAME} ({exc.strerror or exc})"
+    if error := dist.gather(error)[0]:
+        raise config.ConfigError(error)
     return result
 
 
@@ -458,6 +546,36 @@ def main(argv=None, hooks: list[Hook] = ()) -> int:
     return 0
 
 
+OUT_OF_MEMORY = ("out of memory", "allocate memory")  # torch's CPU allocator; CUDA's OutOfMemoryError
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo, when a rank has died
+
+
+def exit_with(main) -> None:
+    """sys.exit(main()) for the entry points; quietly (141, as for SIGPIPE) when stdout's reader has gone: `| head`;
+    one line and exit 1 when memory runs out or, under torchrun, when another rank has died (RuntimeErrors both)."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail again
+        code = 141
+    except (MemoryError, RuntimeError) as exc:
+        first_line = (str(exc) or type(exc).__name__).splitlines()[0]
+        rank = os.environ.get("RANK", "0")
+        where = "" if rank == "0" else f" (rank {rank})"
+        if isinstance(exc, MemoryError) or any(s in first_line for s in OUT_OF_MEMORY):
+            print(f"error{where}: out of memory ({first_line}); lower train.batch_size (raise train.grad_accum) or "
+                  "the model size", file=sys.stderr)
+        elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(s in first_line for s in PEER_GONE):
+            print(f"error{where}: another rank of this job has gone (killed or crashed: its log says why), so this "
+                  "one stops too; resume from the last checkpoint with --set checkpoint.resume=auto",
+                  file=sys.stderr)
+        else:
+            raise
+        code = 1
+    sys.exit(code)
+
+
 def cli() -> None:
     """`python train.py` at the template's root, and the `template-train` command of `pip install -e .`."""
-    config.exit_with(main)
+    exit_with(main)

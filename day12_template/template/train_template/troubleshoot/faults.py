@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, config, train
+from .. import checkpoint, train
 from ..data import BatchData, Splits
 
 MODEL_BREAKS = ("nan", "sqrt_neg", "log0", "explode", "vanish", "detach", "freeze")
@@ -284,4 +284,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    config.exit_with(main)
+    train.exit_with(main)
