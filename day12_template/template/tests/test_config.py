@@ -24,7 +24,7 @@ def test_a_mistyped_section_suggests_the_section_not_one_of_its_fields(where, tm
 
 def test_a_value_given_to_a_section_says_it_is_a_section_and_names_one_of_its_fields(tmp_path):
     message = refusal(tmp_path, overrides=("train=3",))
-    assert message.startswith("`train` is a section of the config, not a field") and "train.epochs" in message, message
+    assert message.startswith("`train` is a section of the config, not a field") and "train.steps" in message, message
 
 
 TEXT_CONFIGS = sorted(p.name for p in (TEMPLATE / "configs").glob("*.toml")

@@ -73,7 +73,6 @@ BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line m
      "data.block_size=128 exceeds model.gpt.block_size=64"),
     (["data.dataset=shakespeare", "train.steps=10"], "model.name=mlp learns the 'classify' task"),
     (["model.name=gpt", "data.dataset=shakespeare"], "train.steps"),
-    (["train.steps=100"], "train.steps/train.eval_every apply to text"),
     (["model.gpt.bias=maybe"], "model.gpt.bias"),
     (["model.gpt.n_layers=4"], "did you mean `model.gpt.n_layer`"),
     ("[model.transformer]\nn_layer = 4\n", "unknown config key `model.transformer`"),
@@ -190,11 +189,19 @@ def test_a_fresh_launch_into_a_live_run_folder_says_it_is_busy_not_to_resume_it(
     assert code == 2 and f"in use by a live run (pid {os.getpid()} on " in err and "resume=auto" not in err, err
 
 
-def test_a_text_runs_progress_bar_counts_evaluation_periods_not_epochs(tmp_path, capsys):
-    root = token_folder(tmp_path / "tokens", 50)
-    train.run(cfg_of({**text_run(root), "train.eval_every": 2, "train.progress": "bar"}, tmp_path / "run"))
+@pytest.mark.parametrize("task", ["text", "images"])
+def test_the_progress_bar_counts_the_runs_own_steps_up_to_each_evaluation(tmp_path, capsys, task):
+    values = {**TINY, "train.eval_every": 12}  # 32 steps: evaluations at 12, 24 and 32
+    if task == "text":
+        values = {**text_run(token_folder(tmp_path / "tokens", 50)), "train.steps": 32, "train.eval_every": 12}
+    train.run(cfg_of({**values, "train.progress": "bar"}, tmp_path / "run"))
     err = capsys.readouterr().err
-    assert "period 1/2" in err and "period 2/2" in err and "epoch" not in err, err
+    first_counts = {}  # each bar's label -> the counts it starts from (tqdm redraws a bar as it advances)
+    for line in err.split("\r"):
+        if line.startswith("to step"):
+            label, _, counts = line.split("|")[:3]
+            first_counts.setdefault(label.split(":")[0], counts.split()[0])
+    assert first_counts == {"to step 12": "0/32", "to step 24": "12/32", "to step 32": "24/32"}, err
 
 
 def test_a_text_resume_that_changes_only_train_epochs_keeps_its_schedule(tmp_path, capsys):
@@ -214,15 +221,19 @@ def refused(capsys, values: dict, run_dir: Path) -> tuple[int, str]:
     return code, capsys.readouterr().err.strip()
 
 
-@pytest.mark.parametrize("eval_every", [20, 0])
-def test_a_text_resume_that_changes_eval_every_is_refused_in_one_line(tmp_path, capsys, eval_every):
-    """Each period draws its windows from train.eval_every: a resume at another period length would skip steps."""
-    root, run_dir = token_folder(tmp_path / "tokens", 50), tmp_path / "run"
-    values = {**text_run(root), "train.steps": 40, "train.eval_every": 10}
+@pytest.mark.parametrize("eval_every", [15, 0])
+def test_a_text_resume_that_changes_eval_every_trains_on_the_same_windows_to_the_runs_end(tmp_path, eval_every):
+    """The windows are drawn in chunks fixed when the run starts (kept in the sampler's state), so a resume at
+    another evaluation cadence trains on the same samples, step for step, and ends where the run ends."""
+    root, run_dir, ref_dir = token_folder(tmp_path / "tokens", 50), tmp_path / "run", tmp_path / "ref"
+    values = {**text_run(root), "train.steps": 40, "train.eval_every": 10, "train.log_every": 1}
+    train.run(cfg_of(values, ref_dir))
     train.run(cfg_of({**values, "train.max_steps": 20}, run_dir))
-    code, err = refused(capsys, {**values, "checkpoint.resume": "auto", "train.eval_every": eval_every}, run_dir)
-    assert code == 2 and len(err.splitlines()) == 1 and "train.eval_every: 10 -> " in err, err
-    assert checkpoint.load(run_dir / "last.pt")["step"] == 20
+    result = train.run(cfg_of({**values, "checkpoint.resume": "auto", "train.eval_every": eval_every}, run_dir))
+    losses = {step: r["loss"] for step, r in train_records(run_dir).items()}
+    evaluated = [r["step"] for r in runlog.read_metrics(run_dir) if r["kind"] == "val"]
+    assert result["step"] == 40 and losses == {step: r["loss"] for step, r in train_records(ref_dir).items()}
+    assert evaluated == ([10, 20, 30, 40] if eval_every else [10, 20, 40]), evaluated
 
 
 def test_a_fresh_run_leaves_the_users_tmp_files_in_its_folder(tmp_path):

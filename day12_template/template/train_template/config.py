@@ -124,12 +124,14 @@ class Optim:
 
 @dataclass
 class Train:
-    epochs: int = opt(8, "images: passes over the training set; the cosine spans them all", gt=0, safe=True)
-    steps: int = opt(0, "text: optimizer steps of the whole run (the cosine spans them, as nanoGPT's max_iters); "
-                     "images leave it 0 and train for epochs", ge=0, safe=True)
-    eval_every: int = opt(0, "text: optimizer steps between evaluations (each also checkpoints); 0 = only at the "
-                          "end. Images evaluate once per epoch. Fixed for a run: each period draws its windows from "
-                          "it", ge=0)
+    steps: int = opt(0, "optimizer steps of the whole run, the one horizon (the cosine spans them, as nanoGPT's "
+                     "max_iters); text must set it; 0 = train.epochs passes over the training set (images)", ge=0,
+                     safe=True)
+    epochs: int = opt(8, "images, when train.steps is 0: passes over the training set, converted once into steps",
+                      gt=0, safe=True)
+    eval_every: int = opt(0, "optimizer steps between evaluations (each also checkpoints; the run's last step is "
+                          "always evaluated); 0 = once per epoch of images, only at the end of text", ge=0,
+                          safe=True)
     batch_size: int = opt(256, "samples (images or windows) per optimizer step over all ranks and micro-batches "
                           "(the global batch)", gt=0)
     grad_accum: int = opt(1, "micro-batches per optimizer step on each rank: one forward sees batch_size / "
@@ -145,7 +147,7 @@ class Train:
     max_steps: int = opt(0, "0 = no cap; N = end after N optimizer steps in total, the schedule unchanged (smoke "
                          "runs)", ge=0, safe=True)
     log_every: int = opt(50, "optimizer steps between training records: each costs a host sync", gt=0, safe=True)
-    progress: str = opt("auto", "auto = a tqdm bar on a terminal, one line per epoch otherwise | bar | off",
+    progress: str = opt("auto", "auto = a tqdm bar on a terminal, one line per evaluation otherwise | bar | off",
                         choices=("auto", "bar", "off"), safe=True)
 
 
@@ -376,8 +378,8 @@ def sharded_checkpoints(cfg: Config, world: int) -> bool:
 
 
 def check_task(cfg: Config) -> None:
-    """The model and the data must learn the same task, and text trains for steps where images train for epochs;
-    then the model's own table checks itself (`check()`, if it has one)."""
+    """The model and the data must learn the same task, and text (windows drawn at random, no epochs) sets its
+    length in steps; then the model's own table checks itself (`check()`, if it has one)."""
     model_entry, data_entry = registries()[0][cfg.model.name], registries()[1][cfg.data.dataset]
     if model_entry.task != data_entry.task:
         raise ConfigError(f"model.name={cfg.model.name} learns the {model_entry.task!r} task but data.dataset="
@@ -386,22 +388,19 @@ def check_task(cfg: Config) -> None:
     if data_entry.task == "lm" and not cfg.train.steps:
         raise ConfigError(f"train.steps: {cfg.data.dataset} is text, trained for a number of optimizer steps; set "
                           f"train.steps (and train.eval_every)")
-    if data_entry.task != "lm" and (cfg.train.steps or cfg.train.eval_every):
-        raise ConfigError(f"train.steps/train.eval_every apply to text; {cfg.data.dataset} images train for "
-                          f"train.epochs and evaluate once per epoch")
     table = getattr(cfg.model, cfg.model.name)
     if hasattr(table, "check"):
         table.check(cfg)
 
 
 def ignored(cfg: Config) -> str:
-    """A warning for a value the run accepts but does not use ('' if none): text trains for train.steps, so a
-    train.epochs other than the default (an image config's, switched to text with --set) counts for nothing. Not
-    refused: then such a switch would have to set epochs back too."""
+    """A warning for a value the run accepts but does not use ('' if none): a run with train.steps ignores a
+    train.epochs other than the default (an image config's, switched to text with --set, say). Not refused: then
+    such a switch would have to set epochs back too."""
     default = fields()["train.epochs"][0].default
-    if registries()[1][cfg.data.dataset].task == "lm" and cfg.train.epochs != default:
-        return (f"train.epochs={cfg.train.epochs} is ignored: {cfg.data.dataset} is text, trained for train.steps="
-                f"{cfg.train.steps} optimizer steps (set train.steps to change the run's length)")
+    if cfg.train.steps and cfg.train.epochs != default:
+        return (f"train.epochs={cfg.train.epochs} is ignored: train.steps={cfg.train.steps} sets the run's length "
+                f"in optimizer steps")
     return ""
 
 

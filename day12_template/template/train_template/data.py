@@ -108,6 +108,7 @@ def register(name: str, task: str):
 class BatchData:
     """Interface: `len(ds)` samples, `ds.batch(epoch, indices) -> (x float32 (B,C,H,W), y int64 (B,))`, and what a
     resume checks is unchanged, `ds.content()` (see `fingerprint`)."""
+    sampling = "permutation"  # how training draws it (ResumableSampler): each epoch a permutation of the samples
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -409,14 +410,16 @@ class Keyed(Dataset):
 
 
 class ResumableSampler(Sampler):
-    """Micro-batch keys for one rank. Epoch e's order comes from Generator(seed + e), never the global RNG: a
-    permutation of the n samples (images), or, with `draws`=K, K optimizer steps' worth of window starts drawn at
-    random from the n possible ones (text: an "epoch" is then the K steps between two evaluations). Optimizer step
-    s of an epoch uses order[s*B : (s+1)*B] (B = global batch) whatever the world size: each of its grad_accum
-    micro-slots holds world x micro samples, and rank r takes its contiguous share. The whole state is (epoch,
-    position): the loop advances `position` by B after each optimizer step, so prefetching cannot skip or replay a
-    sample, and a checkpoint from 2 ranks resumes on 1 (or 8) at the same sample. A resume on new data
-    (checkpoint.accept_new_data) keeps its epoch and position, over the new samples."""
+    """Micro-batch keys for one rank, as an endless stream of epochs. Epoch e's order comes from Generator(seed + e),
+    never the global RNG: a permutation of the n samples (a dataset whose `sampling` is "permutation": images), or,
+    with `draws`=K, K optimizer steps' worth of window starts drawn at random from the n possible ones (text: an
+    "epoch" is then a chunk of K steps; K is fixed when the run starts and kept in its state, so the run's evaluation
+    cadence may change on resume). Optimizer step s of an epoch uses order[s*B : (s+1)*B] (B = global batch)
+    whatever the world size: each of its grad_accum micro-slots holds world x micro samples, and rank r takes its
+    contiguous share. The whole state is (epoch, position): the loop advances `position` by B after each optimizer
+    step (the next epoch starts after the last one), so prefetching cannot skip or replay a sample, and a checkpoint
+    from 2 ranks resumes on 1 (or 8) at the same sample. A resume on new data (checkpoint.accept_new_data) keeps its
+    epoch and position, over the new samples."""
 
     def __init__(self, n: int, batch_size: int, micro: int, rank: int, world: int, seed: int, draws: int = 0):
         self.n, self.batch_size, self.micro, self.rank, self.world, self.seed = n, batch_size, micro, rank, world, seed
@@ -425,40 +428,43 @@ class ResumableSampler(Sampler):
         self.steps_per_epoch = draws or n // batch_size
         self.epoch, self.position = 0, 0
 
-    def order(self) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
+    def order(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed + epoch)
         if self.draws:
             return torch.randint(self.n, (self.draws * self.batch_size,), generator=g)
         return torch.randperm(self.n, generator=g)
 
     def __iter__(self):
-        order = self.order()
-        slot = self.micro * self.world
-        for start in range(self.position, self.steps_per_epoch * self.batch_size, slot):
-            yield self.epoch, order[start + self.rank * self.micro:start + (self.rank + 1) * self.micro]
-
-    def __len__(self) -> int:
-        return (self.steps_per_epoch * self.batch_size - self.position) // (self.micro * self.world)
-
-    def steps_left(self) -> int:
-        return self.steps_per_epoch - self.position // self.batch_size
+        """From the current (epoch, position) on, epoch after epoch: the loop stops taking when it has enough."""
+        slot, start, epoch = self.micro * self.world, self.position, self.epoch
+        while True:
+            order = self.order(epoch)
+            for begin in range(start, self.steps_per_epoch * self.batch_size, slot):
+                yield epoch, order[begin + self.rank * self.micro:begin + (self.rank + 1) * self.micro]
+            start, epoch = 0, epoch + 1
 
     def advance(self) -> None:
+        """One optimizer step's samples are used: the next step's come next (the next epoch's, after the last)."""
         self.position += self.batch_size
+        if self.position >= self.steps_per_epoch * self.batch_size:
+            self.epoch, self.position = self.epoch + 1, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+    def last_epoch(self) -> int:
+        """The epoch the last step's samples came from."""
+        return self.epoch - 1 if self.position == 0 else self.epoch
 
     def state_dict(self) -> dict:
-        return {"n": self.n, "batch_size": self.batch_size, "seed": self.seed, "epoch": self.epoch,
-                "position": self.position}
+        return {"n": self.n, "batch_size": self.batch_size, "seed": self.seed, "draws": self.draws,
+                "epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
         if state["batch_size"] != self.batch_size:
             raise ValueError(f"the checkpoint's sampler drew batches of {state['batch_size']}, not {self.batch_size}")
-        self.seed, self.epoch = state["seed"], state["epoch"]
-        self.position = min(state["position"], self.steps_per_epoch * self.batch_size)  # fewer new images: epoch ends
+        if self.draws:  # text: the run's chunk of windows, whatever train.eval_every says now
+            self.draws = self.steps_per_epoch = state["draws"]
+        self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
+        if self.position >= self.steps_per_epoch * self.batch_size:  # fewer new images: that epoch has ended
+            self.epoch, self.position = self.epoch + 1, 0
 
 
 def eval_keys(n: int, batch: int, rank: int, world: int) -> tuple[list, list[float]]:

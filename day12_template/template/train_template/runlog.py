@@ -328,9 +328,9 @@ class RunLog:
                 with self.writing(self.mlflow.store):
                     self.mlflow.flush()
 
-    def epoch_bar(self, label: str, total: int, done: int) -> None:
-        """A tqdm bar for this evaluation period (`label`: "epoch 2/6"): on a terminal (progress=auto) or always
-        (bar); rank 0 only."""
+    def start_bar(self, label: str, total: int, done: int) -> None:
+        """A tqdm bar of the run's steps until the next evaluation (`label`: "to step 500"): on a terminal
+        (progress=auto) or always (bar); rank 0 only."""
         mode = self.cfg.train.progress
         if self.active and (mode == "bar" or mode == "auto" and sys.stderr.isatty()):
             from tqdm import tqdm
@@ -350,7 +350,7 @@ class RunLog:
         else:
             print(text, flush=True)
 
-    def end_epoch(self) -> None:
+    def end_bar(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -361,7 +361,7 @@ class RunLog:
         if not self.active or self.closed:
             return
         self.closed = True
-        self.end_epoch()
+        self.end_bar()
         closers = [(self.run_dir / "metrics.jsonl", self.metrics.close)]
         if self.tb:
             closers.append((self.run_dir / "tb", self.tb.close))

@@ -58,6 +58,7 @@ class TokenData:
     (B, block_size), x = tokens[s:s+T] and y = tokens[s+1:s+T+1]. Without `starts` (training) index i is start i;
     with `starts` (evaluation) index i is starts[i]. A np.memmap (or a contiguous slice of one) is pickled as its
     path, byte offset and length and re-opened in the DataLoader worker, instead of being copied into every worker."""
+    sampling = "random"  # training draws window starts at random (data.ResumableSampler): a stream has no epochs
 
     def __init__(self, tokens: np.ndarray, block_size: int, starts: np.ndarray | None = None):
         self.tokens, self.block_size = tokens, block_size

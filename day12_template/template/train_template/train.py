@@ -124,12 +124,28 @@ class Progress:
         self.best, self.bad_evals = Progress().best, 0
 
 
-def run_length(train: config.Train, sampler: data.ResumableSampler) -> tuple[int, int]:
-    """(evaluation periods, optimizer steps) of the whole run: images train `epochs` passes and evaluate after each;
-    text trains `steps` steps and evaluates every `eval_every` (the sampler's "epoch")."""
-    if train.steps:
-        return math.ceil(train.steps / sampler.steps_per_epoch), train.steps
-    return train.epochs, train.epochs * sampler.steps_per_epoch
+def build_sampler(cfg: config.Config, train_data, micro: int, dist: distributed.Dist) -> data.ResumableSampler:
+    """The training data's order on this rank: a permutation each epoch or, for a dataset drawn at random (text
+    windows), `train.eval_every` (else `train.steps`) steps' worth of random draws at a time, fixed for the run."""
+    draws = 0
+    if getattr(train_data, "sampling", "permutation") == "random":
+        draws = cfg.train.eval_every or cfg.train.steps
+    return data.ResumableSampler(len(train_data), cfg.train.batch_size, micro, dist.rank, dist.world, cfg.run.seed,
+                                 draws)
+
+
+def run_steps(train: config.Train, sampler: data.ResumableSampler) -> int:
+    """The run's length in optimizer steps, the one horizon: `train.steps`, else `train.epochs` passes over the
+    training set (images), converted once here."""
+    return train.steps or train.epochs * sampler.steps_per_epoch
+
+
+def evaluation_period(train: config.Train, sampler: data.ResumableSampler, total_steps: int) -> int:
+    """Optimizer steps between two evaluations: `train.eval_every`, else one epoch of images, or the whole run of
+    text (the run's last step is always evaluated)."""
+    if train.eval_every:
+        return train.eval_every
+    return total_steps if sampler.draws else sampler.steps_per_epoch
 
 
 @torch.no_grad()
@@ -205,9 +221,9 @@ class Run:
     log: runlog.RunLog
     speed: runlog.Speed
     profiler: object
-    periods: int  # evaluation periods: epochs of images, train.eval_every steps of text
     total_steps: int  # the schedule's length
     last_step: int  # where this run stops (train.max_steps may stop it sooner)
+    eval_every: int  # optimizer steps between evaluations (and the last step)
     evaluation_due: bool  # resumed from a checkpoint written before its evaluation: that evaluation comes first
 
     @property
@@ -246,16 +262,15 @@ def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing:
     # 2. Data order, optimizer, schedule, scaler: the state a checkpoint must carry.
     pin_memory = cfg.data.pin_memory and device.type == "cuda"
     micro = train_cfg.batch_size // (train_cfg.grad_accum * dist.world)  # one forward's share of the global batch
-    sampler = data.ResumableSampler(len(splits.train), train_cfg.batch_size, micro, dist.rank, dist.world,
-                                    cfg.run.seed, draws=train_cfg.eval_every or train_cfg.steps)  # text: windows
-    if sampler.steps_per_epoch == 0:  # drawn per evaluation period
+    sampler = build_sampler(cfg, splits.train, micro, dist)
+    if sampler.steps_per_epoch == 0:
         raise data.DataError(f"train.batch_size={train_cfg.batch_size} exceeds the {len(splits.train)} training "
                              f"samples")
     train_loader = data.loader(splits.train, sampler, cfg.data.num_workers, pin_memory)
     # Evaluation batches are a training forward's size: what fits in training fits in evaluation (GPT-2's 480
     # windows of micro-batch x grad_accum would need ~230 GiB).
     eval_loaders = data.eval_loaders(splits, micro, dist.rank, dist.world, cfg.data.num_workers, pin_memory)
-    periods, total_steps = run_length(train_cfg, sampler)
+    total_steps = run_steps(train_cfg, sampler)
     last_step = min(total_steps, train_cfg.max_steps or total_steps)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = warmup_cosine(optimizer, total_steps, cfg.optim)
@@ -271,9 +286,10 @@ def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing:
         checkpointer.load(ckpt, source)
         if "val" in data_changes:  # its losses were measured on other data: not comparable
             progress.forget_best()
-    # A checkpoint at a period's end (or the run's) was written before that period's evaluation: a resume from it
+    eval_every = evaluation_period(train_cfg, sampler, total_steps)
+    # A checkpoint at an evaluation's step (or the run's last) was written before that evaluation: a resume from it
     # does the evaluation again, so one that failed (an out-of-memory, say) loses no training.
-    evaluation_due = bool(ckpt) and (progress.step >= last_step or not sampler.steps_left())
+    evaluation_due = bool(ckpt) and (progress.step >= last_step or progress.step % eval_every == 0)
 
     # 3. The run folder (rank 0 writes, the others only compute), now that nothing can be refused any more.
     if dist.is_main:
@@ -300,10 +316,13 @@ def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing:
     profiler = runlog.profiler(cfg, run_dir, cfg.profile.enabled and dist.is_main, closing)
     run = Run(cfg, dist, stop, hooks, task, model, module, optimizer, scheduler, scaler,
               models.autocast(train_cfg, device.type), sampler, train_loader, eval_loaders, progress, checkpointer,
-              log, speed, profiler, periods, total_steps, last_step, evaluation_due)
+              log, speed, profiler, total_steps, last_step, eval_every, evaluation_due)
     log.say(f"{cfg.model.name} ({models.count_params(model):,} parameters) on {cfg.data.dataset} "
-            f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if train_cfg.steps else 'samples'})"
+            f"({len(splits.train):,} train / {len(splits.val):,} val {'windows' if sampler.draws else 'samples'})"
             f" | {device} x {dist.world} | {run_dir}")
+    if not train_cfg.steps:  # the one horizon is steps: epochs are converted once, here
+        log.say(f"train.epochs={train_cfg.epochs}: {total_steps:,} optimizer steps ({train_cfg.epochs} x "
+                f"{sampler.steps_per_epoch:,}), evaluated every {eval_every:,}")
     if ckpt:
         log.say(resumed(run, ckpt, source, continued_run, data_changes))
         if dist.is_main and (note := checkpoint.repair_best(run_dir, ckpt, source)):
@@ -318,10 +337,11 @@ def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing:
 def resumed(run: Run, ckpt: dict, source: Path, continued_run: str | None, data_changes: dict) -> str:
     """What a resume continues, and what differs from the run that wrote its checkpoint."""
     step, world = run.progress.step, run.dist.world
-    said = f"resumed from {source} at step {step} (period {run.sampler.epoch + 1}, sample {run.sampler.position:,})"
+    said = (f"resumed from {source} at step {step} (the sampler at epoch {run.sampler.epoch + 1}, sample "
+            f"{run.sampler.position:,})")
     if ckpt["world_size"] != world:
         said += f"; {ckpt['world_size']} -> {world} ranks: same samples, new dropout"
-    if run_length(config.from_dict(ckpt["config"]).train, run.sampler)[1] != run.total_steps:  # safe, but re-planned
+    if run_steps(config.from_dict(ckpt["config"]).train, run.sampler) != run.total_steps:  # safe, but re-planned
         said += (f"; the schedule is re-planned for {run.total_steps} steps: the learning rate follows the new warmup "
                  f"+ cosine from this step on")
     if step >= run.total_steps:
@@ -339,46 +359,44 @@ def resumed(run: Run, ckpt: dict, source: Path, continued_run: str | None, data_
 
 
 def fit(run: Run) -> dict:
-    """The loop: each evaluation period (an epoch of images, train.eval_every steps of text) trains, is saved, then
-    evaluated; a resume whose evaluation is due starts there. Then the test split, once."""
-    progress, sampler = run.progress, run.sampler
+    """The loop: train up to the next evaluation (every train.eval_every steps, and at the run's last), checkpoint,
+    evaluate; a resume whose evaluation is due starts there. Then the test split, once."""
+    progress = run.progress
     run.speed.start(progress.step)
-    while (sampler.epoch < run.periods and (progress.step < run.last_step or run.evaluation_due)
-           and not early_stopped(run)):
-        period = sampler.epoch
+    while (progress.step < run.last_step or run.evaluation_due) and not early_stopped(run):
         if not run.evaluation_due:
-            train_period(run, period)
+            train_until_evaluation(run)
             run.checkpointer.save()
         elif not run.checkpointer.saved_this_step():  # resumed from another folder: this one gets the checkpoint too
             run.checkpointer.save()
         run.evaluation_due = False
-        validate(run, period)
+        validate(run)
     return final_test(run)
 
 
-def train_period(run: Run, period: int) -> None:
-    """The period's remaining optimizer steps, each logged, checkpointed every checkpoint.every_steps, and stopped
-    after a signal (a signal at the period's last step is honoured in its evaluation, after the checkpoint)."""
-    sampler, progress, every_steps = run.sampler, run.progress, run.cfg.checkpoint.every_steps
-    name = "period" if run.cfg.train.steps else "epoch"  # text evaluates every train.eval_every steps
-    run.log.epoch_bar(f"{name} {period + 1}/{run.periods}", sampler.steps_per_epoch,
-                      sampler.steps_per_epoch - sampler.steps_left())
+def train_until_evaluation(run: Run) -> None:
+    """Optimizer steps up to the next evaluation, each logged, checkpointed every checkpoint.every_steps, and stopped
+    after a signal (a signal at the evaluation's step is honoured in the evaluation, after the checkpoint)."""
+    progress, sampler, every_steps = run.progress, run.sampler, run.cfg.checkpoint.every_steps
+    evaluation = min(run.last_step, (progress.step // run.eval_every + 1) * run.eval_every)
+    run.log.start_bar(f"to step {evaluation}", run.last_step, progress.step)
     batches = iter(run.train_loader)
-    for _ in range(sampler.steps_left()):
+    while progress.step < evaluation:
+        epoch = sampler.epoch  # the epoch this step's samples come from
         micro_batches = [next(batches) for _ in range(run.cfg.train.grad_accum)]
-        step_loss, grad_norm, signalled = train_step(run, micro_batches)
-        record_step(run, period, step_loss, grad_norm)
-        if progress.step >= run.last_step or not sampler.steps_left():
-            break  # the period's last step: saved next, then a stop signal is honoured in its evaluation
+        step_loss, grad_norm, signalled = train_step(run, micro_batches, epoch)
+        record_step(run, epoch, step_loss, grad_norm)
+        if progress.step == evaluation:
+            break  # saved next, then a stop signal is honoured in the evaluation
         if signalled:  # every rank knows: all stop after this same step
             run.checkpointer.save()
             stop_here(run)
         if every_steps and progress.step % every_steps == 0:
             run.checkpointer.save()
-    run.log.end_epoch()
+    run.log.end_bar()
 
 
-def train_step(run: Run, micro_batches: list) -> tuple[float, float, bool]:
+def train_step(run: Run, micro_batches: list, epoch: int) -> tuple[float, float, bool]:
     """One optimizer step: gradients accumulated over the micro-batches, unscaled and clipped, the step's one host
     sync, then the update, unless the loss is not finite (the run stops before the step is applied). Returns the
     step's loss and gradient norm (means over the ranks), and whether a stop signal reached any rank."""
@@ -397,7 +415,7 @@ def train_step(run: Run, micro_batches: list) -> tuple[float, float, bool]:
         run.checkpointer.finish()
     step_loss, grad_norm = loss_sum / dist.world, norm_sum / dist.world
     if not math.isfinite(step_loss) or not (scaler.is_enabled() or math.isfinite(grad_norm)):
-        raise nonfinite_error(run.progress.step + 1, run.sampler.epoch, step_loss, grad_norm, run.model,
+        raise nonfinite_error(run.progress.step + 1, epoch, step_loss, grad_norm, run.model,
                               [(x.to(device), y) for x, y in micro_batches], run.autocast, dist,
                               run.run_dir / "last.pt")
     scaler.step(optimizer)  # fp16: skipped when a gradient overflowed (and the scale halves)
@@ -409,7 +427,7 @@ def train_step(run: Run, micro_batches: list) -> tuple[float, float, bool]:
     return step_loss, grad_norm, signals > 0
 
 
-def record_step(run: Run, period: int, step_loss: float, grad_norm: float) -> None:
+def record_step(run: Run, epoch: int, step_loss: float, grad_norm: float) -> None:
     """A step's bookkeeping: the progress bar, the hooks, the profiler, and every train.log_every steps a record."""
     progress = run.progress
     progress.window = [progress.window[0] + step_loss, progress.window[1] + 1]
@@ -418,7 +436,7 @@ def record_step(run: Run, period: int, step_loss: float, grad_norm: float) -> No
         hook.step(progress)
     run.profiler.step()
     if progress.step % run.cfg.train.log_every == 0:
-        run.log.record("train", progress.step, epoch=period, loss=progress.window[0] / progress.window[1],
+        run.log.record("train", progress.step, epoch=epoch, loss=progress.window[0] / progress.window[1],
                        lr=run.scheduler.get_last_lr()[0], grad_norm=grad_norm, scale=run.scaler.get_scale(),
                        **run.speed.figures(progress.step))
         progress.window = [0.0, 0]
@@ -430,9 +448,9 @@ def evaluate_split(run: Run, split: str) -> dict:
                     functools.partial(stop_if_asked, run))
 
 
-def validate(run: Run, period: int) -> None:
+def validate(run: Run) -> None:
     """The validation split at this step: its record and line, best.pt if it is the best so far, early stopping."""
-    progress, sampler, train_cfg = run.progress, run.sampler, run.cfg.train
+    progress, train_cfg = run.progress, run.cfg.train
     metrics = evaluate_split(run, "val")
     if not math.isfinite(metrics["loss"]):
         raise NonFinite(f"validation loss is {metrics['loss']} at step {progress.step}: last.pt holds the weights "
@@ -441,17 +459,13 @@ def validate(run: Run, period: int) -> None:
     if improved:
         progress.best = {"step": progress.step, "val_loss": metrics["loss"]}
     progress.bad_evals = 0 if improved else progress.bad_evals + 1
-    if not sampler.steps_left():
-        sampler.set_epoch(period + 1)
-    run.log.record("val", progress.step, epoch=period, best=improved, **{f"val_{k}": v for k, v in metrics.items()})
-    where = f"epoch {period + 1}/{run.periods} step {progress.step}"
-    if train_cfg.steps:
-        where = f"step {progress.step}/{run.total_steps}"
+    run.log.record("val", progress.step, epoch=run.sampler.last_epoch(), best=improved,
+                   **{f"val_{k}": v for k, v in metrics.items()})
     verdict = " (best)" if improved else f" (not better for {progress.bad_evals})"
     rate = ""
     if progress.step > run.speed.step0:
         rate = f", {run.speed.samples_per_s(progress.step):,.0f} samples/s"
-    run.log.say(f"{where}: {run.task.describe(metrics, 'val')}{verdict}{rate}")
+    run.log.say(f"step {progress.step}/{run.total_steps}: {run.task.describe(metrics, 'val')}{verdict}{rate}")
     if improved:
         run.checkpointer.mark_best()
     if early_stopped(run):
