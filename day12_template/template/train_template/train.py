@@ -9,6 +9,10 @@ models alike: the data says what it is, the task (tasks.py) turns the model's ou
     torchrun --nproc_per_node=2 train.py --config configs/mnist_mlp.toml --set train.strategy=fsdp
     python train.py --help-config                                                # every field, and why
 
+Read it from `run()`: `setup()` builds the run's parts into a `Run`, writing nothing until nothing can be refused;
+`fit()` trains to each evaluation (`train_until_evaluation`, one `train_step` at a time), checkpoints, evaluates
+(`validate`) and ends with `final_test`. The checkpointer (checkpoint/) decides what a checkpoint holds.
+
 The run folder (run.out_dir) gets config.toml, run.json, metrics.jsonl, tb/ (or mlruns/: run.tracker), ckpt-*.pt,
 last.pt, best.pt and run.lock.
 Exit codes (`main` and `exit_with`, at the end of this file; the other commands share `exit_with`): 0 done; 1 error
