@@ -62,7 +62,7 @@ def bare(cfg_path: Path) -> tuple[float, float]:
     tc = cfg.train
     train.seed_everything(cfg.run.seed, cfg.run.deterministic)
     splits = data.build(cfg.data, cfg.run.seed)
-    task = tasks.for_data(splits.info)
+    task = tasks.for_dataset(cfg.data.dataset, splits.info)
     model = models.build(cfg.model, splits.info, cfg.run.seed)
     optimizer = train.build_optimizer(model, cfg.optim)
     sampler = train.build_sampler(cfg, splits.train, tc.batch_size, distributed.Dist())  # one process, no micro

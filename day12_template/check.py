@@ -117,7 +117,7 @@ def test_missing_data_is_one_clear_line_exit_1_and_no_run_folder(tmp_path, capsy
 
 
 def test_out_dir_probe_creates_the_missing_folder_and_leaves_nothing_behind(tmp_path):
-    config.check_out_dir(cfg_of({}, tmp_path / "a" / "b"))
+    train.check_out_dir(cfg_of({}, tmp_path / "a" / "b"))
     gates.check("run.out_dir check: files left in a fresh folder", list(tmp_path.iterdir()), "==", [])
 
 
@@ -1619,7 +1619,7 @@ def best_val_loss_in_one_process(values: dict, run_dir: Path) -> tuple[float, fl
     model = models.build(cfg.model, splits.info)
     checkpoint.load_weights(model, run_dir / "best.pt")  # a full file or a sharded folder
     loader, weights = data.eval_loaders(splits, 64, 0, 1, 0, False)["val"]
-    metrics = train.evaluate(model, tasks.for_data(splits.info), loader, weights, torch.device("cpu"),
+    metrics = train.evaluate(model, tasks.for_dataset(cfg.data.dataset, splits.info), loader, weights, torch.device("cpu"),
                              models.autocast(cfg.train, "cpu"), distributed.Dist())
     step = checkpoint.step_of(run_dir / "best.pt")
     logged = [r["val_loss"] for r in runlog.read_metrics(run_dir) if r["kind"] == "val" and r["step"] == step]

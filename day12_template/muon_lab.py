@@ -143,7 +143,7 @@ def mean_loss(model, task, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
 
 def run(cfg: config.Config, splits, name: str, lr: float, adamw_lr: float, seed: int, steps: int = STEPS) -> dict:
     """One training run: the validation curve against steps and training seconds."""
-    task = tasks.for_data(splits.info)
+    task = tasks.for_dataset(cfg.data.dataset, splits.info)
     model = models.build(cfg.model, splits.info, seed)
     opts = optimizers(model, cfg, name, lr, adamw_lr)
     schedules = [train.warmup_cosine(opt, steps, cfg.optim) for opt in opts]
@@ -167,10 +167,10 @@ def run(cfg: config.Config, splits, name: str, lr: float, adamw_lr: float, seed:
             "model": model}
 
 
-def tested(result: dict, splits) -> dict:
+def tested(result: dict, splits, task) -> dict:
     """The run's figures with its final model's test loss (the model itself dropped)."""
     model = result.pop("model")
-    return {**result, "test_loss": mean_loss(model, tasks.for_data(splits.info), spread(splits.test, VAL_WINDOWS))}
+    return {**result, "test_loss": mean_loss(model, task, spread(splits.test, VAL_WINDOWS))}
 
 
 def compare(cfg: config.Config, splits, log=print) -> dict:
@@ -186,16 +186,18 @@ def compare(cfg: config.Config, splits, log=print) -> dict:
     sweep += [timed("muon", lr, adamw_lr, 0) for lr in MUON_LRS]
     chosen = {name: min((r for r in sweep if r["optimizer"] == name), key=itemgetter("val_loss"))
               for name in ("adamw", "muon")}
-    runs = {(name, 0): tested(r, splits) for name, r in chosen.items()}
+    task = tasks.for_dataset(cfg.data.dataset, splits.info)
+    runs = {(name, 0): tested(r, splits, task) for name, r in chosen.items()}
     for name, r in chosen.items():
-        runs[name, 1] = tested(timed(name, r["lr"], r["adamw_lr"], 1), splits)
+        runs[name, 1] = tested(timed(name, r["lr"], r["adamw_lr"], 1), splits, task)
     for r in sweep:
         r.pop("model", None)  # the models of the choices not made are never tested
     every = [*sweep, runs["adamw", 1], runs["muon", 1]]
     costs = {name: statistics.median(r["ms_per_step"] for r in every if r["optimizer"] == name) for name in chosen}
     faster, slower = sorted(costs, key=costs.get)
     equal_steps = round(STEPS * costs[faster] / costs[slower])
-    short = {seed: tested(timed(slower, chosen[slower]["lr"], chosen[slower]["adamw_lr"], seed, equal_steps), splits)
+    short = {seed: tested(timed(slower, chosen[slower]["lr"], chosen[slower]["adamw_lr"], seed, equal_steps), splits,
+                          task)
              for seed in (0, 1)}
     seeds = []
     for seed in (0, 1):

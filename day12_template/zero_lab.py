@@ -133,7 +133,7 @@ def worker(strategy: str, out: Path) -> None:
     module = distributed.wrap(model, d)
     torch.manual_seed(cfg.run.seed)  # the batch below
     optimizer = train.build_optimizer(model, cfg.optim)
-    task = tasks.for_data(info)
+    task = tasks.for_dataset(cfg.data.dataset, info)
     x, y = memory.sample_batch(info, cfg.train.batch_size // d.world)
     sent = SentBytes(module, d.world)
     held = {}

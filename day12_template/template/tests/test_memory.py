@@ -40,7 +40,7 @@ def test_estimated_activations_are_the_bytes_a_real_gpt_forward_saves(corpus):
     torch.manual_seed(0)
     model = models.build(cfg.model, info)
     windows = torch.randint(0, info.vocab_size, (4, info.block_size + 1))
-    measured = saved_for_backward(model, windows[:, :-1], windows[:, 1:], tasks.for_data(info))
+    measured = saved_for_backward(model, windows[:, :-1], windows[:, 1:], tasks.for_dataset(cfg.data.dataset, info))
     assert abs(estimated / measured - 1) <= 0.01, (estimated, measured)
 
 

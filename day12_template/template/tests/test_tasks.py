@@ -22,7 +22,6 @@ def readme_code(after: str) -> str:
 @dataclass
 class RegressionInfo:
     features: int
-    task = "regress"
 
 
 @dataclass

@@ -404,26 +404,6 @@ def ignored(cfg: Config) -> str:
     return ""
 
 
-def check_out_dir(cfg: Config) -> None:
-    """run.out_dir must be creatable: its nearest existing ancestor is a writable folder, and (on rank 0, the one
-    that writes) the first missing folder can really be made: os.access trusts root and knows nothing of /proc or
-    /sys. The probe folder is removed at once, so nothing is left behind."""
-    existing = Path(cfg.run.out_dir).resolve()
-    while not existing.exists():
-        missing, existing = existing, existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"run.out_dir {cfg.run.out_dir}: {existing} is not a writable folder")
-    if existing != Path(cfg.run.out_dir).resolve() and int(os.environ.get("RANK", "0")) == 0:
-        try:
-            missing.mkdir()
-        except FileExistsError:
-            return  # made meanwhile by someone else: it exists, that is all the run needs
-        except OSError as exc:
-            raise ConfigError(f"run.out_dir {cfg.run.out_dir}: cannot create {missing}: "
-                              f"{exc.strerror or exc}") from None
-        missing.rmdir()
-
-
 def argument_parser(doc: str, inspect: bool = False) -> argparse.ArgumentParser:
     """A parser with --config and --set (and, if `inspect`, --print-config and --help-config); `doc`, the script's
     docstring: line 1 describes it, the rest is the epilog."""

@@ -62,7 +62,6 @@ class ImageInfo:
     channels: int
     size: int
     num_classes: int
-    task = "classify"
 
 
 @dataclass
@@ -71,7 +70,6 @@ class TextInfo:
     block_size: int  # tokens per window
     bytes_per_token: torch.Tensor | None = None  # (vocab_size,) UTF-8 bytes of each token id: bits per byte
     vocab: str | None = None  # the vocabulary's fingerprint (text.vocab_fingerprint): sample.py refuses another one
-    task = "lm"
 
 
 def info_from(saved: dict):

@@ -140,7 +140,7 @@ def activations(cfg: config.Config, info, batch: int) -> tuple[int, list[int], i
         x, y = sample_batch(info, batch)
         with SavedBytes(*tensors.values(), x, y) as counter, models.autocast(cfg.train, "cpu")():
             logits = torch.func.functional_call(model, tensors, (x,))
-            tasks.for_data(info).loss(logits, y)
+            tasks.for_dataset(cfg.data.dataset, info).loss(logits, y)
     return sum(counter.storages.values()), list(counter.storages.values()), logits.numel() * 4
 
 
@@ -152,7 +152,7 @@ def evaluation(cfg: config.Config, info, batch: int) -> int:
         tensors = fake_tensors(model)
         x, y = sample_batch(info, batch)
         with torch.no_grad(), models.autocast(cfg.train, "cpu")(), LiveBytes() as counter:
-            tasks.for_data(info).loss(torch.func.functional_call(model, tensors, (x,)), y)
+            tasks.for_dataset(cfg.data.dataset, info).loss(torch.func.functional_call(model, tensors, (x,)), y)
     return counter.peak
 
 
@@ -231,7 +231,7 @@ def cpu_eval_peak(cfg: config.Config, info) -> int:
     @torch.no_grad()
     def forward():
         with models.autocast(cfg.train, "cpu")():
-            tasks.for_data(info).loss(model(x), y)
+            tasks.for_dataset(cfg.data.dataset, info).loss(model(x), y)
 
     forward()
     return allocation_peak(forward)
@@ -245,7 +245,7 @@ def cpu_step_peak(cfg: config.Config, info) -> int:
     torch.manual_seed(0)
     model = models.build(cfg.model, info)
     optimizer = train.build_optimizer(model, cfg.optim)
-    task = tasks.for_data(info)
+    task = tasks.for_dataset(cfg.data.dataset, info)
     x, y = sample_batch(info, cfg.train.batch_size // cfg.train.grad_accum)
 
     def step():

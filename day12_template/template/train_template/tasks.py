@@ -1,16 +1,18 @@
 """What a run learns. The loop calls the model and hands its output to the task; the task owns the loss, what an
-evaluation adds up, and the metrics it reports. The data says which task it is (`info.task`), so the loop never
-knows whether it trains a classifier or a language model.
+evaluation adds up, and the metrics it reports. A dataset declares its task once, when it is registered
+(`data.register(name, task=...)`), so the loop never knows whether it trains a classifier or a language model.
 
 A new task is one registered class: the `sums` an evaluation adds up, `loss`, `eval_sums`, `metrics`, `describe`,
 and two attributes: `classes` (what a uniform guess divides among: the doctor's first-loss check expects
 ln(classes)) and `tokens_per_sample` (None, or the tokens in one sample: tokens/s and MFU). README.md shows
-regression, whole; its data's info says `task = "regress"` (data.py) and a model is registered for it (models.py).
+regression, whole: its data is registered with `task="regress"` (data.py) and a model for it (models.py).
 """
 import math
 
 import torch
 import torch.nn.functional as F
+
+from . import data
 
 TASKS: dict[str, type] = {}
 
@@ -24,9 +26,9 @@ def register(name: str):
     return add
 
 
-def for_data(info):
-    """The task the data describes (`info.task`), built for it."""
-    return TASKS[info.task](info)
+def for_dataset(dataset: str, info):
+    """The task `dataset` was registered with, built for its data's `info`."""
+    return TASKS[data.DATASETS[dataset].task](info)
 
 
 @register("classify")

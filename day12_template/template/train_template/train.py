@@ -249,7 +249,7 @@ def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing:
     splits = data.build(cfg.data, cfg.run.seed)
     for hook in hooks:
         splits = hook.data(splits)
-    task = tasks.for_data(splits.info)
+    task = tasks.for_dataset(cfg.data.dataset, splits.info)
     model = build_model(cfg, splits.info, dist)
     fingerprint = data.fingerprint(splits)  # each split's size and content hash: every checkpoint records it
     data_changes = {}  # split -> how it changed since the checkpoint resumed from
@@ -537,6 +537,26 @@ def on_rank0(dist: distributed.Dist, claim, run_dir: Path):
     return result
 
 
+def check_out_dir(cfg: config.Config) -> None:
+    """run.out_dir must be creatable: its nearest existing ancestor is a writable folder, and (on rank 0, the one
+    that writes) the first missing folder can really be made: os.access trusts root and knows nothing of /proc or
+    /sys. The probe folder is removed at once, so nothing is left behind."""
+    existing = Path(cfg.run.out_dir).resolve()
+    while not existing.exists():
+        missing, existing = existing, existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise config.ConfigError(f"run.out_dir {cfg.run.out_dir}: {existing} is not a writable folder")
+    if existing != Path(cfg.run.out_dir).resolve() and int(os.environ.get("RANK", "0")) == 0:
+        try:
+            missing.mkdir()
+        except FileExistsError:
+            return  # made meanwhile by someone else: it exists, that is all the run needs
+        except OSError as exc:
+            raise config.ConfigError(f"run.out_dir {cfg.run.out_dir}: cannot create {missing}: "
+                              f"{exc.strerror or exc}") from None
+        missing.rmdir()
+
+
 def main(argv=None, hooks: list[Hook] = ()) -> int:
     args = config.argument_parser(__doc__, inspect=True).parse_args(argv)
     if args.help_config:
@@ -545,7 +565,7 @@ def main(argv=None, hooks: list[Hook] = ()) -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
         cfg = config.load(args.config, args.set)
-        config.check_out_dir(cfg)
+        check_out_dir(cfg)
         if args.print_config:
             print(config.dump_toml(cfg))
             return 0

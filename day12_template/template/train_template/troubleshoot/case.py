@@ -19,7 +19,7 @@ class Case:
         except ValueError as exc:
             raise config.ConfigError(str(exc)) from None
         self.splits = faults.data(data.build(cfg.data, cfg.run.seed))
-        self.task = tasks.for_data(self.splits.info)
+        self.task = tasks.for_dataset(cfg.data.dataset, self.splits.info)
         self.weights = weights_of(cfg)
         self.micro = min(cfg.train.batch_size // cfg.train.grad_accum, len(self.splits.train))
         self.autocast = models.autocast(cfg.train, self.device.type)
