@@ -1619,8 +1619,9 @@ def best_val_loss_in_one_process(values: dict, run_dir: Path) -> tuple[float, fl
     model = models.build(cfg.model, splits.info)
     checkpoint.load_weights(model, run_dir / "best.pt")  # a full file or a sharded folder
     loader, weights = data.eval_loaders(splits, 64, 0, 1, 0, False)["val"]
-    metrics = train.evaluate(model, tasks.for_dataset(cfg.data.dataset, splits.info), loader, weights, torch.device("cpu"),
-                             models.autocast(cfg.train, "cpu"), distributed.Dist())
+    task = tasks.for_dataset(cfg.data.dataset, splits.info)
+    metrics = train.evaluate(model, task, loader, weights, torch.device("cpu"), models.autocast(cfg.train, "cpu"),
+                             distributed.Dist())
     step = checkpoint.step_of(run_dir / "best.pt")
     logged = [r["val_loss"] for r in runlog.read_metrics(run_dir) if r["kind"] == "val" and r["step"] == step]
     return metrics["loss"], logged[-1]
@@ -1895,8 +1896,8 @@ def restart_run(run_dir: Path, strategy: str, nodes: int, kill_at: int) -> dict:
     for thread in threads:
         thread.join()
     killer.join(1)
-    return {"codes": [results[i][0] for i in sorted(results)], "run_dir": run_dir, "kill_at": kill_at,
-            "victims": victims, "nodes": nodes}
+    return {"codes": [results[i][0] for i in sorted(results)], "outputs": [results[i][1] for i in sorted(results)],
+            "run_dir": run_dir, "kill_at": kill_at, "victims": victims, "nodes": nodes}
 
 
 @pytest.fixture(scope="module")
@@ -1927,6 +1928,8 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_equals_an_uninterr
                 f"ranks killed", len(run["victims"]), "==", 1)
     sharded = checkpoint.load(run_dir / "last.pt", mmap=True).get("sharded", False)
     gates.check("... checkpoints sharded (checkpoint.format auto: under FSDP2)", sharded, "==", strategy == "fsdp")
+    if run["codes"] != [0] * run["nodes"]:
+        print(*run["outputs"], sep="\n")  # shown with the failure: what the launchers and their ranks said
     gates.check("... the launchers' exit codes after the restarted ranks finished", run["codes"], "==",
                 [0] * run["nodes"])
     launches = json.loads((run_dir / "run.json").read_text())["launches"]

@@ -91,10 +91,11 @@ def full(path: Path) -> dict:
 
 def child_env(**extra) -> dict:
     """Subprocesses compute with this process's thread count, so their floats round the same way, and import the
-    package from this folder (`python -m train_template...`), installed or not."""
+    package from this folder (`python -m train_template...`), installed or not. A child killed by a fatal signal
+    (SIGABRT, SIGSEGV) prints every thread's Python stack (PYTHONFAULTHANDLER): where it was when it died."""
     path = os.pathsep.join(filter(None, [str(TEMPLATE), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path,
-            **extra}
+            "PYTHONFAULTHANDLER": "1", **extra}
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
+import torch.distributed
 import torch.nn as nn
 
 
@@ -49,9 +49,9 @@ class Dist:
     def enabled(self) -> bool:
         return self.world > 1
 
-    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor, op=torch.distributed.ReduceOp.SUM) -> torch.Tensor:
         if self.enabled:
-            dist.all_reduce(t, op=op)
+            torch.distributed.all_reduce(t, op=op)
         return t
 
     def gather(self, obj) -> list:
@@ -59,16 +59,16 @@ class Dist:
         if not self.enabled:
             return [obj]
         out = [None] * self.world
-        dist.all_gather_object(out, obj)
+        torch.distributed.all_gather_object(out, obj)
         return out
 
     def barrier(self) -> None:
         if self.enabled:
-            dist.barrier()
+            torch.distributed.barrier()
 
     def close(self) -> None:
-        if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.owns_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 # -- torchrun's launcher faults ----------------------------------------------------------------------------------
@@ -107,15 +107,15 @@ def setup(device_name: str) -> Dist:
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_name, local_rank)
     owns = False
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None)
         owns = True
     return Dist(rank, world, local_rank, device, owns)
 
 
 # -- wrapping ----------------------------------------------------------------------------------------------------
-def shard(model: nn.Module, d: Dist, bf16: bool = False) -> None:
+def shard(model: nn.Module, dist: Dist, bf16: bool = False) -> None:
     """FSDP2's `fully_shard`, in place: each of `model.blocks`, then the root, so that one block's full weights exist
     at a time. Call it before the model's memory is allocated, while it is on the meta device (models.build), so that
     only the shards are ever allocated.
@@ -124,7 +124,7 @@ def shard(model: nn.Module, d: Dist, bf16: bool = False) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(d.device.type, (d.world,))
+    mesh = init_device_mesh(dist.device.type, (dist.world,))
     policy = MixedPrecisionPolicy()  # parameters and gradient reductions in their own dtype (fp32)
     if bf16:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -138,22 +138,22 @@ def is_sharded(model: nn.Module) -> bool:
     return any(hasattr(p, "device_mesh") for p in model.parameters())
 
 
-def wrap(model: nn.Module, d: Dist) -> nn.Module:
+def wrap(model: nn.Module, dist: Dist) -> nn.Module:
     """The module to call for training: a DDP wrapper under torchrun, else the model itself (one process, or a model
     FSDP2 sharded in place). State dicts are always taken from `model`."""
-    if not d.enabled or is_sharded(model):
+    if not dist.enabled or is_sharded(model):
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    return DDP(model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
 
 
-def sync_buffers(model: nn.Module, d: Dist) -> None:
+def sync_buffers(model: nn.Module, dist: Dist) -> None:
     """Rank 0's buffers (BatchNorm running statistics) on every rank. Each rank's last forward updated its own copy;
     rank 0's is the one a checkpoint saves, so evaluating with it makes the logged figures those of best.pt."""
-    if d.enabled:
+    if dist.enabled:
         for buffer in model.buffers():
-            dist.broadcast(buffer.data, src=0)
+            torch.distributed.broadcast(buffer.data, src=0)
 
 
 def grad_sync(module: nn.Module, enabled: bool):

@@ -59,7 +59,8 @@ def build_model(cfg: config.Config, info, dist: distributed.Dist) -> torch.nn.Mo
     same initial tensors, one at a time, and keeps its own rows (models.init_weights)."""
     shard = None
     if dist.enabled and cfg.train.strategy == "fsdp":
-        shard = functools.partial(distributed.shard, d=dist, bf16=cfg.train.amp and cfg.train.amp_dtype == "bfloat16")
+        bf16 = cfg.train.amp and cfg.train.amp_dtype == "bfloat16"
+        shard = functools.partial(distributed.shard, dist=dist, bf16=bf16)
     model = models.build(cfg.model, info, cfg.run.seed, dist.device, shard)
     if cfg.model.channels_last and not shard:  # NHWC kernels (FSDP2 keeps its shards contiguous; inputs still NHWC)
         model.to(memory_format=torch.channels_last)

@@ -7,7 +7,7 @@ import zlib
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+import torch.distributed
 import torch.nn as nn
 
 from ..distributed import Dist
@@ -76,15 +76,15 @@ def crc32(path) -> int:
 _ASYNC_GROUPS = {}  # world size -> the gloo group asynchronous saves finish on, apart from training's collectives
 
 
-def async_group(d: Dist):
+def async_group(dist: Dist):
     """The process group asynchronous saves finish on (None in one process). Made at start-up, by every rank:
     making it later needs torchrun's store, which is gone once torchrun is killed."""
-    if d.enabled and d.world not in _ASYNC_GROUPS:
-        _ASYNC_GROUPS[d.world] = dist.new_group(backend="gloo")
-    return _ASYNC_GROUPS.get(d.world)
+    if dist.enabled and dist.world not in _ASYNC_GROUPS:
+        _ASYNC_GROUPS[dist.world] = torch.distributed.new_group(backend="gloo")
+    return _ASYNC_GROUPS.get(dist.world)
 
 
-def save_shards(model: nn.Module, optimizer, d: Dist, asynchronous: bool, folder):
+def save_shards(model: nn.Module, optimizer, dist: Dist, asynchronous: bool, folder):
     """Start this rank's part of a sharded checkpoint in `folder` (a collective); its Writing's result() is what
     meta.pt needs beside the tensors: the optimizer's param groups (not tensors) and each file's CRC-32, every rank
     summing only its own file (DCP does not check what it reads back; checkpoint.load does). `asynchronous`: DCP
@@ -97,34 +97,35 @@ def save_shards(model: nn.Module, optimizer, d: Dist, asynchronous: bool, folder
     state, writer, future = {"model": model_sd, "optimizer": optim_sd["state"]}, dcp.FileSystemWriter(folder), None
     with dcp_errors():
         if asynchronous:
-            future = dcp.async_save(state, storage_writer=writer, process_group=async_group(d), no_dist=not d.enabled)
+            future = dcp.async_save(state, storage_writer=writer, process_group=async_group(dist),
+                                    no_dist=not dist.enabled)
         else:
-            dcp.save(state, storage_writer=writer, no_dist=not d.enabled)
-    return Writing(d, folder, groups, future)
+            dcp.save(state, storage_writer=writer, no_dist=not dist.enabled)
+    return Writing(dist, folder, groups, future)
 
 
 class Writing:
     """This rank's part of a sharded checkpoint being written: `done()` (polled each step for an asynchronous save)
     and `result()` (a collective): what meta.pt needs beside the tensors, once the files are complete."""
 
-    def __init__(self, d: Dist, folder, groups: list, future=None):
-        self.d, self.folder, self.groups, self.future = d, Path(folder), groups, future
+    def __init__(self, dist: Dist, folder, groups: list, future=None):
+        self.dist, self.folder, self.groups, self.future = dist, Path(folder), groups, future
 
     def done(self) -> bool:
         return self.future is None or self.future.done()
 
     def result(self) -> dict:
         """Every rank: its files' CRC-32s, or its error, gathered (one collective, which every rank reaches)."""
-        d, error, sums = self.d, None, {}
+        dist, error, sums = self.dist, None, {}
         try:
             if self.future is not None:
                 with dcp_errors():
                     self.future.result()
             sums = {p.name: crc32(p) for p in self.folder.iterdir()
-                    if p.name.startswith(f"__{d.rank}_") or d.is_main and p.name == ".metadata"}
+                    if p.name.startswith(f"__{dist.rank}_") or dist.is_main and p.name == ".metadata"}
         except OSError as exc:
             error = str(exc)
-        parts = d.gather({"error": error, "sums": sums})
+        parts = dist.gather({"error": error, "sums": sums})
         if errors := [part["error"] for part in parts if part["error"]]:
             raise OSError(errors[0])
         checksums = {name: crc for part in parts for name, crc in part["sums"].items()}
@@ -156,7 +157,7 @@ def load_shards(model: nn.Module, optimizer, ckpt: dict) -> None:
         model_sd, optim_sd = sd.get_state_dict(model, optimizer)  # templates: the shapes and shards to fill
         state = {"model": model_sd, "optimizer": optim_sd["state"]}
     with dcp_errors():
-        dcp.load(state, storage_reader=shard_reader(ckpt["path"]), no_dist=not dist.is_initialized())
+        dcp.load(state, storage_reader=shard_reader(ckpt["path"]), no_dist=not torch.distributed.is_initialized())
     sd.set_model_state_dict(model, state["model"])
     if optimizer is not None:
         sd.set_optimizer_state_dict(model, optimizer, {"state": state["optimizer"],
@@ -170,22 +171,22 @@ class ShardedSave:
     waits, then rank 0 adds meta.pt, renames the folder to ckpt-<step>/, links last.pt to it and prunes. Any rank's
     failure -> CheckpointError on every rank; the previous checkpoint stays."""
 
-    def __init__(self, meta: dict, write_shards, run_dir: Path, keep_last: int, d, before):
+    def __init__(self, meta: dict, write_shards, run_dir: Path, keep_last: int, dist, before):
         self.meta = copy.deepcopy(meta)  # as it is now: an asynchronous save completes after more training
-        self.run_dir, self.keep_last, self.d = run_dir, keep_last, d
+        self.run_dir, self.keep_last, self.dist = run_dir, keep_last, dist
         self.final = run_dir / step_name(meta["step"], sharded=True)
         if self.final.exists():  # the step saved again (a resume replayed it): a new name, the old one stays linked
             self.final = self.final.with_name(f"{self.final.name}.{len(step_files(run_dir, meta['step']))}")
         self.tmp = self.final.with_name(self.final.name + ".tmp")
         error = None
-        if d.is_main:
+        if dist.is_main:
             try:
                 before()
                 remove(self.tmp)
                 self.tmp.mkdir()
             except OSError as exc:
                 error = self.failed(exc)
-        if error := d.gather(error)[0]:  # also the barrier: the folder exists before any rank writes into it
+        if error := dist.gather(error)[0]:  # also the barrier: the folder exists before any rank writes into it
             raise CheckpointError(error)
         self.writing, self.error = None, None
         try:
@@ -205,22 +206,22 @@ class ShardedSave:
         return f"could not write checkpoint {self.final} ({reason(exc)}); is the disk full? {self.intact()}"
 
     def complete(self) -> Path:
-        error, d = self.error, self.d
+        error, dist = self.error, self.dist
         if error is None:
             try:
                 meta = {**self.meta, "sharded": True, **self.writing.result()}
             except (OSError, RuntimeError) as exc:
                 error = self.failed(exc)
-        if d.is_main and error is None:
+        if dist.is_main and error is None:
             try:
                 self.commit(meta)
             except CheckpointError as exc:  # a link (its message names it)
                 error = f"{exc}. {self.intact()}"
             except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as a RuntimeError
                 error = self.failed(exc)
-        if d.is_main and error:
+        if dist.is_main and error:
             remove(self.tmp)
-        if error := d.gather(error)[0]:
+        if error := dist.gather(error)[0]:
             raise CheckpointError(error)
         return self.final
 

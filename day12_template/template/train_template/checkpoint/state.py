@@ -47,17 +47,17 @@ def _names(model: nn.Module, optimizer) -> list[str]:
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def model_state(model: nn.Module, d: Dist) -> dict:
+def model_state(model: nn.Module, dist: Dist) -> dict:
     """The full model state dict on CPU, on rank 0 (a collective under FSDP: every rank calls it)."""
-    if not d.enabled:
+    if not dist.enabled:
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     dcp, full = _dcp()
     return dcp.get_model_state_dict(model, options=full)
 
 
-def optimizer_state(model: nn.Module, optimizer, d: Dist) -> dict:
+def optimizer_state(model: nn.Module, optimizer, dist: Dist) -> dict:
     """The full optimizer state keyed by parameter *names* (not positions), so it loads into any strategy."""
-    if not d.enabled:
+    if not dist.enabled:
         sd, names = optimizer.state_dict(), _names(model, optimizer)
         return {"state": {names[i]: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in s.items()}
                           for i, s in sd["state"].items()},
@@ -75,8 +75,8 @@ def load_model_state(model: nn.Module, state: dict) -> None:
     dcp.set_model_state_dict(model, state, options=dcp.StateDictOptions(full_state_dict=True))
 
 
-def load_optimizer_state(model: nn.Module, optimizer, state: dict, d: Dist) -> None:
-    if not d.enabled:
+def load_optimizer_state(model: nn.Module, optimizer, state: dict, dist: Dist) -> None:
+    if not dist.enabled:
         index = {n: i for i, n in enumerate(_names(model, optimizer))}
         optimizer.load_state_dict({"state": {index[n]: s for n, s in state["state"].items()},
                                    "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
