@@ -221,19 +221,29 @@ def refused(capsys, values: dict, run_dir: Path) -> tuple[int, str]:
     return code, capsys.readouterr().err.strip()
 
 
-@pytest.mark.parametrize("eval_every", [15, 0])
-def test_a_text_resume_that_changes_eval_every_trains_on_the_same_windows_to_the_runs_end(tmp_path, eval_every):
+@pytest.fixture(scope="module")
+def text_run_evaluated_every_8(tmp_path_factory) -> tuple[dict, Path]:
+    """A 24-step text run evaluated every 8 steps, never stopped: (its values, its run folder)."""
+    tmp = tmp_path_factory.mktemp("cadence")
+    values = {**text_run(token_folder(tmp / "tokens", 50)), "train.steps": 24, "train.eval_every": 8,
+              "train.log_every": 1}
+    train.run(cfg_of(values, tmp / "ref"))
+    return values, tmp / "ref"
+
+
+@pytest.mark.parametrize("eval_every", [12, 0])
+def test_a_text_resume_that_changes_eval_every_trains_on_the_same_windows_to_the_runs_end(
+        tmp_path, text_run_evaluated_every_8, eval_every):
     """The windows are drawn in chunks fixed when the run starts (kept in the sampler's state), so a resume at
     another evaluation cadence trains on the same samples, step for step, and ends where the run ends."""
-    root, run_dir, ref_dir = token_folder(tmp_path / "tokens", 50), tmp_path / "run", tmp_path / "ref"
-    values = {**text_run(root), "train.steps": 40, "train.eval_every": 10, "train.log_every": 1}
-    train.run(cfg_of(values, ref_dir))
-    train.run(cfg_of({**values, "train.max_steps": 20}, run_dir))
+    values, ref_dir = text_run_evaluated_every_8
+    run_dir = tmp_path / "run"
+    train.run(cfg_of({**values, "train.max_steps": 8}, run_dir))
     result = train.run(cfg_of({**values, "checkpoint.resume": "auto", "train.eval_every": eval_every}, run_dir))
     losses = {step: r["loss"] for step, r in train_records(run_dir).items()}
     evaluated = [r["step"] for r in runlog.read_metrics(run_dir) if r["kind"] == "val"]
-    assert result["step"] == 40 and losses == {step: r["loss"] for step, r in train_records(ref_dir).items()}
-    assert evaluated == ([10, 20, 30, 40] if eval_every else [10, 20, 40]), evaluated
+    assert result["step"] == 24 and losses == {step: r["loss"] for step, r in train_records(ref_dir).items()}
+    assert evaluated == ([8, 12, 24] if eval_every else [8, 24]), evaluated
 
 
 def test_a_fresh_run_leaves_the_users_tmp_files_in_its_folder(tmp_path):
