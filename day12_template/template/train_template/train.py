@@ -280,8 +280,9 @@ def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing:
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = warmup_cosine(optimizer, total_steps, cfg.optim)
     scaler = torch.amp.GradScaler(device.type, enabled=train_cfg.amp and train_cfg.amp_dtype == "float16")  # fp16
-    speed = runlog.Speed(train_cfg.batch_size, task.tokens_per_sample, model, device, train_cfg)  # measures a CPU's
-    progress = Progress()  # peak FLOP/s first
+    # Speed measures a CPU's peak FLOP/s (MFU's denominator) here, before the run starts anything else.
+    speed = runlog.Speed(train_cfg.batch_size, task.tokens_per_sample, model, device, train_cfg)
+    progress = Progress()
     states = {"scheduler": scheduler, "scaler": scaler, "sampler": sampler}  # each checkpointed by its name
     for hook in hooks:
         states.update(hook.states(model))
