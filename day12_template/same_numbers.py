@@ -97,9 +97,10 @@ def train_case(name: str, strategy: str, out: Path, max_steps: int | None = None
     launcher = [sys.executable] if strategy == "single" else TORCHRUN
     command = [*launcher, str(TEMPLATE / "train.py"), "--config", str(config_file),
                "--set", *values, f"run.out_dir={out}"]
-    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{name} ({strategy}) failed with exit {done.returncode}:\n{done.stderr[-2000:]}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}  # a crashed rank prints its stack
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # every rank's error output: torchrun's summary alone does not say where a rank died
+        raise SystemExit(f"{name} ({strategy}) failed with exit {done.returncode}:\n{done.stderr}")
     return out
 
 
