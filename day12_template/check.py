@@ -58,7 +58,7 @@ from train_template.checkpoint import sharded
 from train_template.troubleshoot import checks, faults
 from train_template.troubleshoot.faults import Faults
 from helpers import (FAULTS, FORMATS, SHARD, STEPS, TINY, cfg_of, child_env, diff_states, every_record,
-                     full, launch, reached, sets, sha, tiny_lm, train_records)
+                     full, launch, reached, sets, sha, tiny_lm, tiny_tokens, train_records)
 from sprint.gates import Gates, run_this_file
 from sprint.measure import one_thread
 
@@ -72,7 +72,7 @@ OVERFIT = {**TINY, "data.subset": 64, "model.mlp.hidden": 256, "model.mlp.dropou
            "train.batch_size": 16, "train.early_stop_patience": 2, "optim.warmup_ratio": 0.0}
 TINY_LM = tiny_lm("")  # on the repo's bundled Shakespeare
 TASKS = {"classify": TINY, "lm": TINY_LM}
-SMALL_MNIST = {"data.subset": 2048, "data.val_size": 1000, "train.epochs": 1, "train.batch_size": 64,
+SMALL_MNIST = {"data.subset": 2048, "train.epochs": 1, "train.batch_size": 64,
                "train.log_every": 8, "train.progress": "off"}
 
 
@@ -405,13 +405,13 @@ def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_
 
 # --- datasets and models switched by config only -------------------------------------------------------------------
 SWITCHES = {
-    "mnist + mlp": {"data.dataset": "mnist"},
-    "mnist + resnet": {"data.dataset": "mnist", "model.name": "resnet", "model.resnet.widths": [8, 16, 16],
-                       "optim.lr": 1e-2},
-    "fashion_mnist + resnet": {"data.dataset": "fashion_mnist", "model.name": "resnet", "model.resnet.widths": [8, 16, 16],
-                               "optim.lr": 1e-2},
-    "synthetic + mlp": {"data.dataset": "synthetic"},
-    "imagefolder + mlp": {"data.dataset": "imagefolder", "data.val_size": 100, "train.epochs": 3,
+    "mnist + mlp": {"data.dataset": "mnist", "data.mnist.val_size": 1000},
+    "mnist + resnet": {"data.dataset": "mnist", "data.mnist.val_size": 1000, "model.name": "resnet",
+                       "model.resnet.widths": [8, 16, 16], "optim.lr": 1e-2},
+    "fashion_mnist + resnet": {"data.dataset": "fashion_mnist", "data.fashion_mnist.val_size": 1000,
+                               "model.name": "resnet", "model.resnet.widths": [8, 16, 16], "optim.lr": 1e-2},
+    "synthetic + mlp": {"data.dataset": "synthetic", "data.synthetic.val_size": 1000},
+    "imagefolder + mlp": {"data.dataset": "imagefolder", "data.imagefolder.val_size": 100, "train.epochs": 3,
                           "train.batch_size": 32, "data.num_workers": 2},
 }
 
@@ -457,7 +457,7 @@ def unigram_loss(splits: data.Splits) -> float:
     return -log_p[targets.flatten()].mean().item()
 
 
-TINY_GPT_120 = {**TINY_LM, "train.steps": 120, "train.eval_every": 120, "data.eval_windows": 256,
+TINY_GPT_120 = {**TINY_LM, "train.steps": 120, "train.eval_every": 120, "data.shakespeare.eval_windows": 256,
                 "model.gpt.dropout": 0.0}
 
 
@@ -506,9 +506,9 @@ def token_folder(folder: Path, train_ids, val_ids, vocab: int, dtype: str = "uin
 def test_nanogpt_token_files_train_a_gpt_memory_mapped(tmp_path):
     ids = torch.randint(0, 50, (20_000,), generator=torch.Generator().manual_seed(0)).tolist()
     root = token_folder(tmp_path / "tokens", ids[:18_000], ids[18_000:], vocab=50)
-    result = train.run(cfg_of({**TINY_LM, "data.dataset": "tokens", "data.root": str(root), "train.steps": 8,
+    result = train.run(cfg_of({**tiny_tokens(root), "train.steps": 8,
                                "train.eval_every": 8}, tmp_path / "run"))
-    splits = data.build(cfg_of({**TINY_LM, "data.dataset": "tokens", "data.root": str(root)}, tmp_path / "x").data, 0)
+    splits = data.build(cfg_of(tiny_tokens(root), tmp_path / "x").data, 0)
     gates.check("tokens dataset: training split memory-mapped, vocabulary from meta.json",
                 [type(splits.train.tokens).__name__, splits.info.vocab_size, result["step"]], "==", ["memmap", 50, 8])
 
@@ -544,8 +544,7 @@ def test_bad_token_files_are_one_line_exit_1_and_no_run_folder(fault, tmp_path, 
     breaks, word = BAD_TOKENS[fault]
     breaks(root)
     out = tmp_path / "run"
-    code = train.main(["--set", *sets({**TINY_LM, "data.dataset": "tokens", "data.root": str(root),
-                                       "run.out_dir": str(out)})])
+    code = train.main(["--set", *sets({**tiny_tokens(root), "run.out_dir": str(out)})])
     err = capsys.readouterr().err.strip()
     gates.check(f"tokens with {fault}: exit code, one error line naming it, run folder",
                 [code, len(err.splitlines()), word in err, out.exists()], "==", [1, 1, True, False])
@@ -983,7 +982,7 @@ def test_memory_estimate_within_15_percent_of_the_cpu_step_peak(batch):
 
 
 SMALL_GPT2 = ["model.gpt.n_layer=1", "model.gpt.n_head=2", "model.gpt.n_embd=64", "model.gpt.block_size=64",
-              "data.block_size=64"]  # GPT-2's vocabulary: the loss's logits are the evaluation's peak
+              "data.tokens.block_size=64"]  # GPT-2's vocabulary: the loss's logits are the evaluation's peak
 
 
 @pytest.mark.parametrize("name, batch, sets", [("mnist_mlp", 2048, []), ("shakespeare_cpu", 12, []),
@@ -1410,7 +1409,7 @@ def test_a_tensorboard_run_trains_without_mlflow_installed(tmp_path, monkeypatch
 
 
 # --- torchrun: DDP and FSDP2 (two launches cover every distributed gate) ---------------------------------------------
-DIST = {**TINY, "train.batch_size": 64, "train.epochs": 2, "data.synthetic_size": 1024}  # 16 steps an epoch
+DIST = {**TINY, "train.batch_size": 64, "train.epochs": 2, "data.synthetic.size": 1024}  # 16 steps an epoch
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 DIST_LM = {**TINY_LM, "train.batch_size": 64}  # 32 steps, evaluated every 16
 MODERN_LM = {**DIST_LM, "model.gpt.norm": "rmsnorm", "model.gpt.position": "rope", "model.gpt.mlp": "swiglu",
@@ -2059,7 +2058,7 @@ def test_gradient_norms_name_the_exploding_and_the_vanishing_layer_and_none_on_a
 
 
 def test_lr_range_test_suggests_a_rate_that_trains_the_day4_mlp(tmp_path):
-    values = ["data.subset=4096", "data.val_size=1000", "train.epochs=2", "train.batch_size=64",
+    values = ["data.subset=4096", "data.mnist.val_size=1000", "train.epochs=2", "train.batch_size=64",
               "train.progress=off", "train.log_every=1000"]
     cfg = config.load(str(TEMPLATE / "configs/mnist_mlp.toml"), values)
     splits = data.build(cfg.data, 0)
@@ -2390,7 +2389,7 @@ def test_cuda_autocast_trains_the_shipped_config(dtype, tmp_path):
 
 
 CUDA_MEMORY = {"mnist_mlp": {**CUDA_MNIST, "train.max_steps": 50},  # the estimate counts an eager run
-               "shakespeare_gpu": {"train.max_steps": 20, "data.eval_windows": 64, "train.progress": "off",
+               "shakespeare_gpu": {"train.max_steps": 20, "data.shakespeare.eval_windows": 64, "train.progress": "off",
                                    "run.device": "cuda", "model.compile": False}}
 
 
@@ -2416,7 +2415,7 @@ def test_cuda_peak_memory_within_15_percent_of_the_estimate(name, tmp_path):
 def test_cuda_shakespeare_gpu_config_trains_with_bf16_and_compile_and_reports_its_mfu(tmp_path):
     out = tmp_path / "run"
     result = train.run(config.load(str(TEMPLATE / "configs/shakespeare_gpu.toml"), sets({
-        "train.max_steps": 200, "data.eval_windows": 256, "train.progress": "off", "run.device": "cuda",
+        "train.max_steps": 200, "data.shakespeare.eval_windows": 256, "train.progress": "off", "run.device": "cuda",
         "run.out_dir": str(out)})))
     rec = train_records(out)
     gates.check("shakespeare_gpu.toml on CUDA, bf16 + torch.compile: val loss after 200 steps (ln 256 = 5.55)",

@@ -32,7 +32,7 @@ from train_template.troubleshoot import NonFinite
 
 CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 STEPS, JUMP_STEPS, SEED_STEPS = 300, 50, 100
-BASE = [f"train.steps={STEPS}", "train.eval_every=150", "train.log_every=1", "data.eval_windows=256",
+BASE = [f"train.steps={STEPS}", "train.eval_every=150", "train.log_every=1", "data.shakespeare.eval_windows=256",
         "train.progress=off", "checkpoint.every_steps=150"]
 
 

@@ -490,7 +490,8 @@ def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, ev
 
     work = Path(tempfile.mkdtemp(prefix="template_bench_"))
     sets = ["data.dataset=tokens", f"data.root={Path(data_dir).resolve()}", f"train.steps={steps}",
-            f"train.eval_every={eval_every}", f"data.eval_windows={eval_windows}",
+            f"data.tokens.block_size={CPU_RECIPE['block_size']}", f"data.tokens.eval_windows={eval_windows}",
+            f"train.eval_every={eval_every}",
             f"train.log_every={TEMPLATE_LOG_EVERY}", "train.progress=off", f"run.out_dir={work / 'run'}", *overrides]
     cmd = [python, str(TEMPLATE / "train.py"), "--config", str(TEMPLATE / "configs" / "shakespeare_cpu.toml"),
            "--set", *sets]
@@ -515,7 +516,7 @@ def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, ev
     train_ms = [1000 * t for s, t in per_iter.items() if (s - TEMPLATE_LOG_EVERY) % eval_every]
     eval_intervals = [1000 * t for s, t in per_iter.items() if not (s - TEMPLATE_LOG_EVERY) % eval_every]
     median = statistics.median(train_ms)
-    batch, block = 12, 64
+    batch, block = 12, CPU_RECIPE["block_size"]
     evals = {int(m[1]): (float(m[2]), t) for t, s in lines if (m := TEMPLATE_VAL_RE.match(s))}
     eval_s = sum((ms - median) * TEMPLATE_LOG_EVERY / 1000 for ms in eval_intervals)
     return {"impl": "template", "steps": max(evals), "batch_size": batch, "block_size": block,

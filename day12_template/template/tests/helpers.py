@@ -19,7 +19,7 @@ TEMPLATE = Path(__file__).resolve().parent.parent
 FAULTS = ["-m", "train_template.troubleshoot.faults"]
 
 # A tiny run: generated data, a small MLP with dropout, 16 steps per epoch, 2 epochs, a checkpoint every 3 steps.
-TINY = {"data.dataset": "synthetic", "data.synthetic_size": 512, "data.val_size": 128, "model.mlp.hidden": 32,
+TINY = {"data.dataset": "synthetic", "data.synthetic.size": 512, "data.synthetic.val_size": 128, "model.mlp.hidden": 32,
         "model.mlp.dropout": 0.1, "optim.lr": 3e-3, "train.epochs": 2, "train.batch_size": 32, "train.log_every": 1,
         "checkpoint.every_steps": 3, "checkpoint.keep_last": 2, "train.progress": "off"}
 STEPS = 2 * 512 // 32
@@ -30,9 +30,15 @@ def tiny_lm(root: str) -> dict:
     bundle), 32 steps evaluated every 16 (the "epochs" of text), windows of 32 bytes, the same checkpoints; not
     TINY's train.epochs: text trains for train.steps, and warns that it ignores a train.epochs set."""
     shared = {k: v for k, v in TINY.items() if k != "train.epochs"}
-    return {**shared, "data.dataset": "shakespeare", "data.root": root, "data.block_size": 32, "data.eval_windows": 32,
-            "model.name": "gpt", "model.gpt.n_layer": 2, "model.gpt.n_head": 2, "model.gpt.n_embd": 32,
+    return {**shared, "data.dataset": "shakespeare", "data.root": root, "data.shakespeare.block_size": 32,
+            "data.shakespeare.eval_windows": 32, "model.name": "gpt", "model.gpt.n_layer": 2, "model.gpt.n_head": 2, "model.gpt.n_embd": 32,
             "model.gpt.block_size": 32, "model.gpt.dropout": 0.1, "train.steps": STEPS, "train.eval_every": 16}
+
+
+def tiny_tokens(root) -> dict:
+    """tiny_lm's run on nanoGPT's token files in `root`: the same windows, set in the tokens dataset's table."""
+    return {**tiny_lm(""), "data.dataset": "tokens", "data.root": str(root), "data.tokens.block_size": 32,
+            "data.tokens.eval_windows": 32}
 
 
 def sets(values: dict) -> list[str]:

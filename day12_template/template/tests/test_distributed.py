@@ -11,7 +11,7 @@ from train_template import checkpoint, train
 from helpers import FAULTS, SHARD, TINY, cfg_of, child_env, launch, sets, train_records
 
 # 2 epochs of 16 steps; global batch 64 (32 per rank); no dropout, whose masks differ between ranks and one process.
-RUN = {**TINY, "data.synthetic_size": 1024, "train.batch_size": 64, "model.mlp.dropout": 0.0}
+RUN = {**TINY, "data.synthetic.size": 1024, "train.batch_size": 64, "model.mlp.dropout": 0.0}
 
 
 def torchrun(values: dict, run_dir: Path, audit: Path, results: dict) -> threading.Thread:

@@ -10,7 +10,7 @@ import pytest
 
 from train_template import prepare, sample, text, train
 from conftest import pseudo_work
-from helpers import cfg_of, tiny_lm
+from helpers import cfg_of, tiny_tokens
 
 DOCUMENTS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot")
 
@@ -36,7 +36,7 @@ def split_text(out, split: str) -> bytes:
 def test_a_folder_of_text_files_is_prepared_trained_on_and_sampled(tokens, tmp_path, capsys):
     out = tmp_path / "my_text"
     assert prepare.main([str(text_folder(tmp_path)), str(out), "--tokens", tokens]) == 0
-    values = {**tiny_lm(""), "data.dataset": "tokens", "data.root": str(out), "train.max_steps": 4}
+    values = {**tiny_tokens(out), "train.max_steps": 4}
     train.run(cfg_of(values, tmp_path / "run"))
     capsys.readouterr()
     assert sample.main(["--run", str(tmp_path / "run"), "--prompt", "the king", "--tokens", "20"]) == 0

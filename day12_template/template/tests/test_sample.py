@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from train_template import gpt, sample, train
-from helpers import cfg_of, tiny_lm
+from helpers import cfg_of, tiny_tokens
 
 WORDS = sorted(set("the king my lord shall come to night and we will speak of love death honour crown sword heart "
                    "thou art fair what say you sir madam good away alas here is no more".split()))
@@ -45,8 +45,8 @@ def lm(tmp_path_factory) -> dict:
     trained_on = write_meta(base / "trained_on", {"vocab_size": len(VOCAB), "itos": VOCAB})
     np.array(word_tokens(0), dtype=np.uint16).tofile(trained_on / "train.bin")
     np.array(word_tokens(1), dtype=np.uint16).tofile(trained_on / "val.bin")
-    values = {**tiny_lm(""), "data.dataset": "tokens", "data.root": str(trained_on), "data.block_size": 16,
-              "data.eval_windows": 16, "model.gpt.block_size": 16, "model.gpt.n_layer": 1, "train.steps": 20,
+    values = {**tiny_tokens(trained_on), "data.tokens.block_size": 16,
+              "data.tokens.eval_windows": 16, "model.gpt.block_size": 16, "model.gpt.n_layer": 1, "train.steps": 20,
               "train.eval_every": 10}
     train.run(cfg_of(values, base / "run"))
     shutil.move(trained_on, base / "moved")

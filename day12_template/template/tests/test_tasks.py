@@ -29,16 +29,21 @@ class LinearTable:
     bias: bool = config.opt(True, "a bias term")
 
 
-def toy_regression(cfg, seed: int) -> data.Splits:
-    """y = x . w + noise, 16 features."""
+@dataclass
+class ToyRegressionTable:
+    features: int = config.opt(16, "inputs of each sample", gt=0)
+
+
+def toy_regression(cfg, table: ToyRegressionTable, seed: int) -> data.Splits:
+    """y = x . w + noise."""
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(16, generator=g)
+    w = torch.randn(table.features, generator=g)
 
     def make(n):
-        x = torch.randn(n, 16, generator=g)
+        x = torch.randn(n, table.features, generator=g)
         return data.TensorData(x, x @ w + 0.01 * torch.randn(n, generator=g))
 
-    return data.Splits(make(1024), make(256), make(256), RegressionInfo(16))
+    return data.Splits(make(1024), make(256), make(256), RegressionInfo(table.features))
 
 
 def linear(cfg: LinearTable, info) -> nn.Module:
@@ -51,9 +56,10 @@ def test_the_readme_regression_task_trains_through_the_unchanged_loop(tmp_path, 
     regress = namespace["Regress"]
     regress.name = "regress"
     monkeypatch.setitem(tasks.TASKS, "regress", regress)
-    monkeypatch.setitem(data.DATASETS, "toy_regression", data.Registered(toy_regression, "regress"))
+    monkeypatch.setitem(data.DATASETS, "toy_regression",
+                        data.Registered(toy_regression, ToyRegressionTable, "regress"))
     monkeypatch.setitem(models.MODELS, "linear", models.Registered(linear, LinearTable, "regress"))
-    config.fields.cache_clear()  # the field table now has [model.linear]
+    config.fields.cache_clear()  # the field table now has [data.toy_regression] and [model.linear]
     try:
         cfg = config.load(None, ["data.dataset=toy_regression", "model.name=linear", "train.epochs=4",
                                  "train.batch_size=32", "optim.lr=3e-2", "train.progress=off",

@@ -109,7 +109,7 @@ def test_missing_work_is_named(corpus, tmp_path):
 def test_window_longer_than_shakespeare_subset_is_refused(corpus):
     with pytest.raises(text.TextDataError) as err:
         text.shakespeare(corpus, 64, 10, 50)
-    assert "lower data.block_size" in one_line(err)
+    assert "lower data.shakespeare.block_size" in one_line(err)
 
 
 # -- nanoGPT's .bin files --------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def test_window_longer_than_split_is_refused(tmp_path):
     with pytest.raises(text.TextDataError) as err:
         text.tokens(str(root), 4, 0, 0)
     assert one_line(err) == ("a window of block_size+1 tokens does not fit in val.bin (3 tokens): "
-                             "lower data.block_size")
+                             "lower data.tokens.block_size")
 
 
 class Evil:

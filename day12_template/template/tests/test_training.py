@@ -15,7 +15,7 @@ import torch
 
 from train_template import checkpoint, runlock, runlog, train
 from train_template.troubleshoot.faults import Faults
-from helpers import STEPS, TINY, cfg_of, sets, tiny_lm, train_records
+from helpers import STEPS, TINY, cfg_of, sets, tiny_lm, tiny_tokens, train_records
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +69,14 @@ BAD_INPUT = [  # (--set overrides or a config file's text, a word the one-line m
     (["model.gpt.n_layer=0"], "model.gpt.n_layer"),
     (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "model.gpt.n_embd=100", "model.gpt.n_head=3"],
      "model.gpt.n_embd=100 must be divisible by model.gpt.n_head=3"),
-    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "data.block_size=128"],
-     "data.block_size=128 exceeds model.gpt.block_size=64"),
+    (["model.name=gpt", "data.dataset=shakespeare", "train.steps=10", "data.shakespeare.block_size=128"],
+     "data.shakespeare.block_size=128 exceeds model.gpt.block_size=64"),
     (["data.dataset=shakespeare", "train.steps=10"], "model.name=mlp learns the 'classify' task"),
     (["model.name=gpt", "data.dataset=shakespeare"], "train.steps"),
     (["model.gpt.bias=maybe"], "model.gpt.bias"),
     (["model.gpt.n_layers=4"], "did you mean `model.gpt.n_layer`"),
+    (["data.block_size=32"], "did you mean `data.shakespeare.block_size` or `data.tokens.block_size`?"),  # a table's
+    (["data.shakespeare.val_size=10"], "`data.synthetic.val_size`"),  # a field the image datasets have
     ("[model.transformer]\nn_layer = 4\n", "unknown config key `model.transformer`"),
     (["data.dataset=tokens", "model.name=gpt", "train.steps=10"], "data.root"),
 ]
@@ -143,8 +145,8 @@ def test_corrupt_truncated_and_foreign_checkpoints_fail_with_one_clear_message(t
 
 def text_run(root: Path) -> dict:
     """The smallest GPT run on nanoGPT's token files in `root`: one layer, windows of 16, 4 steps, one evaluation."""
-    return {**tiny_lm(""), "data.dataset": "tokens", "data.root": str(root), "data.block_size": 16,
-            "data.eval_windows": 16, "model.gpt.n_layer": 1, "model.gpt.block_size": 16, "train.steps": 4,
+    return {**tiny_tokens(root), "data.tokens.block_size": 16,
+            "data.tokens.eval_windows": 16, "model.gpt.n_layer": 1, "model.gpt.block_size": 16, "train.steps": 4,
             "train.eval_every": 4}
 
 
@@ -300,8 +302,8 @@ def test_an_old_checkpoint_that_cannot_be_removed_is_a_warning_and_the_run_finis
 
 def test_more_evaluation_windows_than_the_split_holds_is_one_line_exit_1(tmp_path, capsys):
     root = token_folder(tmp_path / "tokens", 50)  # a validation split of 500 tokens: 484 windows of 16
-    code, err = refused(capsys, {**text_run(root), "data.eval_windows": 100_000_000}, tmp_path / "run")
-    assert code == 1 and len(err.splitlines()) == 1 and "data.eval_windows=100,000,000" in err and "484" in err, err
+    code, err = refused(capsys, {**text_run(root), "data.tokens.eval_windows": 100_000_000}, tmp_path / "run")
+    assert code == 1 and len(err.splitlines()) == 1 and "data.tokens.eval_windows=100,000,000" in err and "484" in err, err
     assert not (tmp_path / "run").exists()
 
 
@@ -398,8 +400,8 @@ def image_folder(root: Path) -> Path:
 
 
 def image_run(root: Path) -> dict:
-    return {**TINY, "data.dataset": "imagefolder", "data.root": str(root), "data.channels": 1, "data.image_size": 8,
-            "data.val_size": 4, "train.batch_size": 4, "train.epochs": 2, "train.max_steps": 3}
+    return {**TINY, "data.dataset": "imagefolder", "data.root": str(root), "data.imagefolder.channels": 1,
+            "data.imagefolder.image_size": 8, "data.imagefolder.val_size": 4, "train.batch_size": 4, "train.epochs": 2, "train.max_steps": 3}
 
 
 def invert_images(root: Path) -> None:
@@ -469,7 +471,7 @@ def test_throughput_is_measured_over_the_window_since_the_previous_record_so_a_s
     window_starts = [0.0] + [r["elapsed_s"] for r in records[:-1]]
     for record, start in zip(records, window_starts):
         assert record["samples_per_s"] == pytest.approx(4 * TINY["train.batch_size"] / (record["elapsed_s"] - start))
-        assert record["tokens_per_s"] == pytest.approx(record["samples_per_s"] * values["data.block_size"])
+        assert record["tokens_per_s"] == pytest.approx(record["samples_per_s"] * values["data.shakespeare.block_size"])
     assert records[-1]["samples_per_s"] > 4 * records[0]["samples_per_s"], records
 
 

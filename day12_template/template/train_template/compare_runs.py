@@ -8,7 +8,8 @@ and its step, and the test figures (best.pt's). Runs whose configs differ only i
 group gets one more row: the mean ± sample standard deviation of those figures over its seeds, which is the figure
 to compare (one seed's difference is often noise). What it reads: each folder's config.toml and metrics.jsonl; a
 run still going, or stopped before its test, shows "—" for the figures it has not reached. Fields that do not change
-what is trained (logging, checkpointing, workers, profiling) and the tables of models a run does not use are left out.
+what is trained (logging, checkpointing, workers, profiling) and the tables of models and datasets a run does not
+use are left out.
 Exit codes: 0 done; 2 a folder without config.toml, metrics.jsonl or a validation record (one line naming it).
 """
 import argparse
@@ -29,8 +30,9 @@ def read_run(run_dir: Path) -> dict:
     if not (run_dir / "config.toml").is_file() or not (run_dir / "metrics.jsonl").is_file():
         raise config.ConfigError(f"{run_dir} is not a run folder of this template (no config.toml or metrics.jsonl)")
     cfg = config.flatten(config.to_dict(config.load(str(run_dir / "config.toml"), [])))
-    unused = [k for k in cfg if k.startswith("model.") and k.count(".") == 2 and k.split(".")[1] != cfg["model.name"]]
-    for key in unused:  # the tables of the models this run does not build
+    chosen = {f"model.{cfg['model.name']}", f"data.{cfg['data.dataset']}"}
+    unused = [k for k in cfg if k.count(".") == 2 and k.rsplit(".", 1)[0] not in chosen]  # a table's field
+    for key in unused:  # the tables of the models and datasets this run does not use
         del cfg[key]
     records = runlog.read_metrics(run_dir)
     val = [r for r in records if r["kind"] == "val"]

@@ -33,20 +33,39 @@ def opt(default, why: str, *, gt=None, ge=None, lt=None, le=None, choices=None, 
                                             "safe": safe})
 
 
-def registries():
-    """(models.MODELS, data.DATASETS): name -> what was registered. Imported on first use, not at the top, because
-    models.py imports this module for `opt` (each model declares its own config table)."""
+def registries() -> dict:
+    """{"model": models.MODELS, "data": data.DATASETS}: the sections whose choice (model.name, data.dataset) is a
+    registered entry with a table of its own fields. Imported on first use, not at the top, because models.py and
+    data.py import this module for `opt` (each entry declares its own config table)."""
     from . import data, models
 
-    return models.MODELS, data.DATASETS
+    return {"model": models.MODELS, "data": data.DATASETS}
 
 
-def dataset_names() -> tuple[str, ...]:
-    return tuple(registries()[1])
+def registered(section: str) -> tuple[str, ...]:
+    """The entries registered for `section`: the values its choice may take."""
+    return tuple(registries()[section])
 
 
-def model_names() -> tuple[str, ...]:
-    return tuple(registries()[0])
+def default_tables(section: str) -> dict:
+    return {name: entry.table() for name, entry in registries()[section].items()}
+
+
+class Tables:
+    """A section with a table of fields for each registered entry, read as attributes (`cfg.model.gpt.n_layer`,
+    `cfg.data.shakespeare.block_size`); `.table` is the chosen entry's."""
+    choice = ""  # the field naming the chosen entry
+
+    def __getattr__(self, name: str):
+        tables = self.__dict__.get("tables", {})
+        if name in tables:
+            return tables[name]
+        raise AttributeError(f"{type(self).__name__.lower()} has no field or table {name!r}")
+
+    @property
+    def table(self):
+        """The chosen entry's table: `cfg.data.table` is `cfg.data.shakespeare` when data.dataset is shakespeare."""
+        return self.tables[getattr(self, self.choice)]
 
 
 @dataclass
@@ -65,49 +84,35 @@ class Run:
 
 
 @dataclass
-class Data:
-    dataset: str = opt("mnist", "which data (data.py's registry): mnist | fashion_mnist | synthetic | imagefolder "
-                       "(images) | shakespeare | tokens (text)", choices=dataset_names)
-    root: str = opt("", "folder holding the files; '' = the repo's bundle or the system copy (imagefolder, tokens: "
-                    "required)", safe=True)
-    val_size: int = opt(5000, "images: training images held out for validation (model selection, early "
-                        "stopping), never the test set", ge=1)
+class Data(Tables):
+    """The fields every dataset has; each dataset's own fields are in its table, `[data.<name>]` (declared next to
+    the dataset in data.py): `cfg.data.shakespeare.block_size`."""
+    choice = "dataset"  # the field that picks the table
+    dataset: str = opt("mnist", "which data: a dataset registered in data.py, its own fields in [data.<name>]",
+                       choices=functools.partial(registered, "data"))
+    root: str = opt("", "folder holding the files; '' = the dataset's own place (the repo's bundle), where it has "
+                    "one", safe=True)
     subset: int = opt(0, "0 = all the training data; N = only the first N images or tokens (smoke runs)", ge=0)
-    image_size: int = opt(28, "imagefolder/synthetic: square side length the images are resized to", gt=0)
-    channels: int = opt(1, "imagefolder/synthetic: 1 = grayscale, 3 = RGB", choices=(1, 3))
-    augment: bool = opt(False, "imagefolder: random resized crops, seeded per (epoch, sample) so resume stays exact")
-    synthetic_size: int = opt(8192, "synthetic: generated training images (class prototypes + noise)", gt=0)
-    block_size: int = opt(64, "text: tokens per training window (the context the model learns from)", gt=0)
-    eval_windows: int = opt(256, "text: windows per evaluation, evenly spaced over the split, the same each time; "
-                            "0 = every non-overlapping window", ge=0)
     num_workers: int = opt(0, "DataLoader worker processes: in-memory datasets need none, image files want 2-8",
                            ge=0, le=256, safe=True)  # each one is a process: a million of them is an OOM kill
     pin_memory: bool = opt(True, "page-locked host batches for asynchronous copies to CUDA (ignored elsewhere)",
                            safe=True)
-
-
-def default_tables() -> dict:
-    return {name: entry.table() for name, entry in registries()[0].items()}
+    tables: dict = field(default_factory=functools.partial(default_tables, "data"), repr=False)
 
 
 @dataclass
-class Model:
+class Model(Tables):
     """The fields every model has; each model's own hyperparameters are in its table, `[model.<name>]` (declared
     next to the model in models.py): `cfg.model.gpt.n_layer`."""
-    name: str = opt("mlp", "mlp (Day 4) | resnet (Day 9) | gpt (a language model); a new model is one registered "
-                    "function in models.py", choices=model_names)
+    choice = "name"  # the field that picks the table
+    name: str = opt("mlp", "which model: a model registered in models.py, its hyperparameters in [model.<name>]",
+                    choices=functools.partial(registered, "model"))
     channels_last: bool = opt(False, "NHWC memory layout: faster convolutions on tensor cores and CPUs", safe=True)
     activation_checkpointing: bool = opt(False, "recompute each block during backward instead of keeping its "
                                          "activations: less memory, ~30% more compute", safe=True)
     compile: bool = opt(False, "torch.compile the model: faster steps after a compile warm-up (needs a C++ "
                         "compiler; Triton on CUDA)", safe=True)
-    tables: dict = field(default_factory=default_tables, repr=False)
-
-    def __getattr__(self, name: str):
-        tables = self.__dict__.get("tables", {})
-        if name in tables:
-            return tables[name]
-        raise AttributeError(f"model has no field or table {name!r}")
+    tables: dict = field(default_factory=functools.partial(default_tables, "model"), repr=False)
 
 
 @dataclass
@@ -202,13 +207,13 @@ def _leaf_fields(prefix: str, cls):
 
 @functools.cache
 def fields() -> dict:
-    """{dotted key: (dataclass field, type)} for every field: `optim.lr`, ..., and each model's table,
-    `model.gpt.n_layer`."""
+    """{dotted key: (dataclass field, type)} for every field: `optim.lr`, ..., each section followed by its tables
+    (`data.shakespeare.block_size`, `model.gpt.n_layer`)."""
     table = {}
     for section in dataclasses.fields(Config):
         table.update((key, (f, hint)) for key, f, hint in _leaf_fields(section.name, section.default_factory))
-    for name, entry in registries()[0].items():
-        table.update((key, (f, hint)) for key, f, hint in _leaf_fields(f"model.{name}", entry.table))
+        for name, entry in registries().get(section.name, {}).items():
+            table.update((key, (f, hint)) for key, f, hint in _leaf_fields(f"{section.name}.{name}", entry.table))
     return table
 
 
@@ -271,16 +276,18 @@ def nearest(word: str, candidates) -> str:
 
 
 def unknown_key(key: str) -> ConfigError:
-    """The field of that name in another section (`lr` -> `optim.lr`), else the nearest name at the key's depth: a
-    section for a section (`trian` -> `train`), a field for a field. A section given a value names its first field."""
+    """The fields of that name elsewhere (`lr` -> `optim.lr`; `block_size` -> each text dataset's), else the nearest
+    name at the key's depth: a section for a section (`trian` -> `train`), a field for a field. A section given a
+    value names its first field."""
     names = {}  # the sections and fields at the key's depth, each with its first field
     for k in fields():
         names.setdefault(".".join(k.split(".")[:key.count(".") + 1]), k)
     if key in names and names[key] != key:  # a section or a model's table
         return ConfigError(f"`{key}` is a section of the config, not a field: set one of its fields (e.g. "
                            f"`{names[key]}`; --help-config lists them)")
-    by_leaf = [k for k in fields() if k.split(".")[-1] == key.split(".")[-1]]
-    hint = f" (did you mean `{by_leaf[0]}`?)" if by_leaf else nearest(key, names)
+    by_leaf = [k for k in fields() if k.split(".")[-1] == key.split(".")[-1]]  # one per table that has it
+    by_leaf = [f"`{k}`" for k in by_leaf if k.startswith(key.split(".")[0] + ".")] or [f"`{k}`" for k in by_leaf]
+    hint = f" (did you mean {' or '.join(by_leaf)}?)" if by_leaf else nearest(key, names)
     return ConfigError(f"unknown config key `{key}`{hint}")
 
 
@@ -343,19 +350,10 @@ def check_combinations(cfg: Config, world_size: int | None = None) -> None:
     if cfg.train.batch_size % per_step:
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.grad_accum "
                           f"({cfg.train.grad_accum}) x world size ({world}) = {per_step}")
-    if cfg.data.dataset in ("mnist", "fashion_mnist") and (cfg.data.image_size, cfg.data.channels) != (28, 1):
-        raise ConfigError(f"data.image_size/data.channels: {cfg.data.dataset} images are 28x28 grayscale; resizing "
-                          f"applies to imagefolder and synthetic only")
-    if cfg.data.dataset == "imagefolder" and not cfg.data.root:
-        raise ConfigError("data.root: imagefolder needs the folder holding train/<class>/<image> files")
     if cfg.data.root and Path(cfg.run.out_dir).resolve().is_relative_to(Path(cfg.data.root).resolve()):
         raise ConfigError(f"run.out_dir {cfg.run.out_dir} is data.root {cfg.data.root} or inside it: put the run "
                           f"folder beside the data, not in it")
-    if cfg.data.dataset == "tokens" and not cfg.data.root:
-        raise ConfigError("data.root: tokens needs the folder holding train.bin, val.bin and meta.json/meta.pkl")
     check_task(cfg)
-    if cfg.data.augment and cfg.data.dataset != "imagefolder":
-        raise ConfigError("data.augment applies to imagefolder only")
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.run.device):
         raise ConfigError(f"run.device must be auto, cpu, mps, cuda or cuda:N; got {cfg.run.device!r}")
     if len(cfg.optim.betas) != 2:
@@ -379,18 +377,20 @@ def sharded_checkpoints(cfg: Config, world: int) -> bool:
 
 def check_task(cfg: Config) -> None:
     """The model and the data must learn the same task, and text (windows drawn at random, no epochs) sets its
-    length in steps; then the model's own table checks itself (`check()`, if it has one)."""
-    model_entry, data_entry = registries()[0][cfg.model.name], registries()[1][cfg.data.dataset]
-    if model_entry.task != data_entry.task:
-        raise ConfigError(f"model.name={cfg.model.name} learns the {model_entry.task!r} task but data.dataset="
-                          f"{cfg.data.dataset} is {data_entry.task!r} data; models for it: " + ", ".join(
-                              n for n, e in registries()[0].items() if e.task == data_entry.task))
-    if data_entry.task == "lm" and not cfg.train.steps:
+    length in steps; then the chosen dataset's and model's tables check themselves (`check()`, where they have
+    one)."""
+    models, datasets = registries()["model"], registries()["data"]
+    task = datasets[cfg.data.dataset].task
+    if models[cfg.model.name].task != task:
+        raise ConfigError(f"model.name={cfg.model.name} learns the {models[cfg.model.name].task!r} task but "
+                          f"data.dataset={cfg.data.dataset} is {task!r} data; models for it: "
+                          + ", ".join(name for name, entry in models.items() if entry.task == task))
+    if task == "lm" and not cfg.train.steps:
         raise ConfigError(f"train.steps: {cfg.data.dataset} is text, trained for a number of optimizer steps; set "
                           f"train.steps (and train.eval_every)")
-    table = getattr(cfg.model, cfg.model.name)
-    if hasattr(table, "check"):
-        table.check(cfg)
+    for table in (cfg.data.table, cfg.model.table):
+        if hasattr(table, "check"):
+            table.check(cfg)
 
 
 def ignored(cfg: Config) -> str:
@@ -440,9 +440,11 @@ def load(path: str | None, overrides: list[str]) -> Config:
 
 
 def to_dict(cfg: Config) -> dict:
-    """{"run": {...}, ..., "model": {"name": ..., "mlp": {...}, "gpt": {...}}, ...}: the TOML layout."""
+    """{"run": {...}, "data": {"dataset": ..., "mnist": {...}, ...}, "model": {"name": ..., "mlp": {...}, ...}, ...}:
+    the TOML layout."""
     out = dataclasses.asdict(cfg)
-    out["model"].update(out["model"].pop("tables"))
+    for section in registries():
+        out[section].update(out[section].pop("tables"))
     return out
 
 
@@ -466,12 +468,15 @@ def to_toml(value) -> str:
 
 
 def dump_toml(cfg: Config) -> str:
-    """The effective config as TOML, readable back by `--config`: every section, and the chosen model's table."""
+    """The effective config as TOML, readable back by `--config`: every section, and the chosen dataset's and
+    model's tables."""
     sections = []
     for section, values in to_dict(cfg).items():
         sections.append((section, values))
-        if section == "model":
-            sections.append((f"model.{cfg.model.name}", values[cfg.model.name]))
+        if section in registries():
+            chosen = getattr(cfg, section)
+            name = getattr(chosen, chosen.choice)
+            sections.append((f"{section}.{name}", values[name]))
     lines = []
     for section, values in sections:
         lines.append(f"[{section}]")

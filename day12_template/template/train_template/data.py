@@ -12,8 +12,20 @@ describes itself (`Splits.info`): `ImageInfo` (channels, size, classes: the `cla
     shakespeare    the repo's bundle (../data/shakespeare: 42 works, SHA-256-checked) as bytes; whole works held out
     tokens         data.root/{train,val[,test]}.bin + meta.json|meta.pkl: nanoGPT's token files, memory-mapped
 
-A new dataset is one function returning `Splits`, registered: `@register("name", task="classify")` (see
-`synthetic`); text.py holds the text datasets' files and windows.
+A new dataset is a config table (its own fields, each with a reason) and one function returning `Splits`,
+registered together (see `synthetic`):
+
+    @dataclass
+    class MyDataTable:
+        val_size: int = opt(1000, "training samples held out for validation", ge=1)
+
+    @register("my_data", MyDataTable, task="classify")
+    def my_data(cfg, table: MyDataTable, seed: int) -> Splits:   # cfg: the [data] section (root, subset, ...)
+        ...
+
+and `[data.my_data]` in a config file (or `--set data.my_data.val_size=500`) sets its fields; a `check(self, cfg)`
+method on the table refuses what cannot work before the run starts. text.py holds the text datasets' files and
+windows.
 """
 import functools
 import gzip
@@ -28,6 +40,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from . import text
+from .config import ConfigError, opt
 
 SPLIT_SEED = 1234  # the validation split never changes with the training seed
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -88,19 +101,35 @@ class Splits:
 
 @dataclass(frozen=True)
 class Registered:
-    build: Callable  # (the [data] section, the run's seed) -> Splits
+    build: Callable  # (the [data] section, the dataset's table, the run's seed) -> Splits
+    table: type  # the dataclass of the dataset's own fields: [data.<name>]
     task: str  # what its samples teach: a name in tasks.TASKS
 
 
 DATASETS: dict[str, Registered] = {}
 
 
-def register(name: str, task: str):
-    """Decorator: `build` becomes dataset `name` (`data.dataset = "name"`)."""
+def register(name: str, table: type, task: str):
+    """Decorator: `build` becomes dataset `name` (`data.dataset = "name"`), configured by `[data.<name>]` (fields of
+    `table`)."""
     def add(build: Callable) -> Callable:
-        DATASETS[name] = Registered(build, task)
+        DATASETS[name] = Registered(build, table, task)
         return build
     return add
+
+
+# Fields that several datasets' tables declare (a dataclass field cannot be shared, so each table gets its own).
+def val_size_opt():
+    return opt(5000, "training images held out for validation (model selection, early stopping), never the test "
+               "set", ge=1)
+
+
+def image_size_opt():
+    return opt(28, "square side length of the images (resized to it)", gt=0)
+
+
+def channels_opt():
+    return opt(1, "1 = grayscale, 3 = RGB", choices=(1, 3))
 
 
 class BatchData:
@@ -175,9 +204,9 @@ def load_idx(name: str, root: str):
     return x_train.unsqueeze(1), y_train.long(), x_test.unsqueeze(1), y_test.long()
 
 
-def split_val(n: int, val_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def split_val(n: int, val_size: int, dataset: str) -> tuple[torch.Tensor, torch.Tensor]:
     if val_size >= n:
-        raise DataError(f"data.val_size={val_size} leaves no training images out of {n}")
+        raise DataError(f"data.{dataset}.val_size={val_size} leaves no training images out of {n}")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
     return perm[val_size:], perm[:val_size]
 
@@ -186,30 +215,43 @@ def subset(indices: torch.Tensor, n: int) -> torch.Tensor:
     return indices[:n] if n else indices
 
 
-@register("mnist", task="classify")
-@register("fashion_mnist", task="classify")
-def idx_dataset(cfg, seed: int) -> Splits:
+@dataclass
+class IdxTable:
+    val_size: int = val_size_opt()
+
+
+@register("mnist", IdxTable, task="classify")
+@register("fashion_mnist", IdxTable, task="classify")
+def idx_dataset(cfg, table: IdxTable, seed: int) -> Splits:
     x, y, x_test, y_test = load_idx(cfg.dataset, cfg.root)
     mean, std = STATS[cfg.dataset]
-    train, val = split_val(len(y), cfg.val_size)
+    train, val = split_val(len(y), table.val_size, cfg.dataset)
     train = subset(train, cfg.subset)
     return Splits(TensorData(x[train], y[train], mean, std), TensorData(x[val], y[val], mean, std),
                   TensorData(x_test, y_test, mean, std), ImageInfo(1, 28, 10))
 
 
-@register("synthetic", task="classify")
-def synthetic(cfg, seed: int) -> Splits:
+@dataclass
+class SyntheticTable:
+    size: int = opt(8192, "generated training images (class prototypes + noise)", gt=0)
+    val_size: int = val_size_opt()
+    image_size: int = image_size_opt()
+    channels: int = channels_opt()
+
+
+@register("synthetic", SyntheticTable, task="classify")
+def synthetic(cfg, table: SyntheticTable, seed: int) -> Splits:
     """Ten random prototype images and noisy copies of them: learnable in a few hundred steps, no files needed."""
     g = torch.Generator().manual_seed(SPLIT_SEED)  # the same data whatever the training seed
-    shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    shape = (table.channels, table.image_size, table.image_size)
     protos = torch.rand(10, *shape, generator=g) * 2 - 1
 
     def make(n):
         y = torch.randint(0, 10, (n,), generator=g)
         return TensorData(protos[y] + 5.0 * torch.randn(n, *shape, generator=g), y)
 
-    train = make(cfg.subset or cfg.synthetic_size)
-    return Splits(train, make(cfg.val_size), make(cfg.val_size), ImageInfo(cfg.channels, cfg.image_size, 10))
+    train = make(cfg.subset or table.size)
+    return Splits(train, make(table.val_size), make(table.val_size), ImageInfo(table.channels, table.image_size, 10))
 
 
 # -- your own images ---------------------------------------------------------------------------------------------
@@ -217,16 +259,16 @@ class ImageFolderData(BatchData):
     """root/<class>/<image>: decoded, resized and normalised per sample (in DataLoader workers when num_workers > 0).
     Augmentation draws from a generator seeded by (seed, epoch, index): the same crop whatever the worker or resume."""
 
-    def __init__(self, files: list[Path], labels: list[int], cfg, seed: int, train: bool):
+    def __init__(self, files: list[Path], labels: list[int], table: "ImageFolderTable", seed: int, train: bool):
         from torchvision.transforms import v2  # only image folders need torchvision
 
         self.files, self.y, self.seed = files, torch.tensor(labels), seed
-        self.mode = "L" if cfg.channels == 1 else "RGB"  # PIL's grayscale and colour modes
-        size = (cfg.image_size, cfg.image_size)
-        resize = v2.RandomResizedCrop(size, scale=(0.7, 1.0)) if cfg.augment and train else v2.Resize(size)
+        self.mode = "L" if table.channels == 1 else "RGB"  # PIL's grayscale and colour modes
+        size = (table.image_size, table.image_size)
+        resize = v2.RandomResizedCrop(size, scale=(0.7, 1.0)) if table.augment and train else v2.Resize(size)
         self.transform = v2.Compose([v2.ToImage(), resize, v2.ToDtype(torch.float32, scale=True),
-                                     v2.Normalize([0.5] * cfg.channels, [0.5] * cfg.channels)])
-        self.augment = cfg.augment and train
+                                     v2.Normalize([0.5] * table.channels, [0.5] * table.channels)])
+        self.augment = table.augment and train
 
     def __len__(self) -> int:
         return len(self.files)
@@ -275,8 +317,22 @@ def list_images(folder: Path, classes: list[str] | None = None):
     return found, files, labels
 
 
-@register("imagefolder", task="classify")
-def imagefolder(cfg, seed: int) -> Splits:
+@dataclass
+class ImageFolderTable:
+    val_size: int = opt(5000, "training images held out for validation when there is no val/ folder (model "
+                        "selection, early stopping), never the test set", ge=1)
+    image_size: int = image_size_opt()
+    channels: int = channels_opt()
+    augment: bool = opt(False, "random resized crops of the training images, seeded per (epoch, sample) so resume "
+                        "stays exact")
+
+    def check(self, cfg) -> None:
+        if not cfg.data.root:
+            raise ConfigError("data.root: imagefolder needs the folder holding train/<class>/<image> files")
+
+
+@register("imagefolder", ImageFolderTable, task="classify")
+def imagefolder(cfg, table: ImageFolderTable, seed: int) -> Splits:
     root = Path(cfg.root)
     if not (root / "train").is_dir():
         raise DataError(f"data.root={root} has no train/ folder: expected {root}/train/<class>/<image> (and "
@@ -289,24 +345,38 @@ def imagefolder(cfg, seed: int) -> Splits:
         if not folder.is_dir():
             return None
         _, f, lab = list_images(folder, classes)
-        return ImageFolderData(f, lab, cfg, seed, train)
+        return ImageFolderData(f, lab, table, seed, train)
 
     val = part(root / "val")
     if val is None:  # no val/ folder: carve it out of train/
-        keep, held = split_val(len(files), cfg.val_size)
+        keep, held = split_val(len(files), table.val_size, cfg.dataset)
         keep = subset(keep, cfg.subset)
-        val = ImageFolderData([files[i] for i in held], [labels[i] for i in held], cfg, seed, False)
+        val = ImageFolderData([files[i] for i in held], [labels[i] for i in held], table, seed, False)
         files, labels = [files[i] for i in keep], [labels[i] for i in keep]
     elif cfg.subset:
         files, labels = files[:cfg.subset], labels[:cfg.subset]
-    train = ImageFolderData(files, labels, cfg, seed, True)
-    return Splits(train, val, part(root / "test"), ImageInfo(cfg.channels, cfg.image_size, len(classes)))
+    train = ImageFolderData(files, labels, table, seed, True)
+    return Splits(train, val, part(root / "test"), ImageInfo(table.channels, table.image_size, len(classes)))
 
 
 # -- text: bytes of the bundled Shakespeare, or any tokenizer's ids in nanoGPT's files (text.py) ----------------------
-def text_splits(read: Callable, cfg) -> Splits:
+@dataclass
+class TextTable:
+    block_size: int = opt(64, "tokens per training window (the context the model learns from)", gt=0)
+    eval_windows: int = opt(256, "windows per evaluation, evenly spaced over the split, the same each time; 0 = "
+                            "every non-overlapping window", ge=0)
+
+
+@dataclass
+class TokensTable(TextTable):
+    def check(self, cfg) -> None:
+        if not cfg.data.root:
+            raise ConfigError("data.root: tokens needs the folder holding train.bin, val.bin and meta.json/meta.pkl")
+
+
+def text_splits(read: Callable, cfg, table: TextTable) -> Splits:
     try:
-        s = read(cfg.root, cfg.block_size, cfg.eval_windows, cfg.subset)
+        s = read(cfg.root, table.block_size, table.eval_windows, cfg.subset)
     except text.TextDataError as exc:
         raise DataError(str(exc)) from None
     return Splits(s.train, s.val, s.test, TextInfo(s.vocab_size, s.block_size, s.bytes_per_token, s.vocab))
@@ -318,21 +388,22 @@ def kept_vocabulary(cfg) -> str | None:
     return text.vocabulary_json(cfg.root) if cfg.dataset == "tokens" else None
 
 
-@register("shakespeare", task="lm")
-def shakespeare(cfg, seed: int) -> Splits:
-    return text_splits(text.shakespeare, cfg)
+@register("shakespeare", TextTable, task="lm")
+def shakespeare(cfg, table: TextTable, seed: int) -> Splits:
+    return text_splits(text.shakespeare, cfg, table)
 
 
-@register("tokens", task="lm")
-def tokens(cfg, seed: int) -> Splits:
-    return text_splits(text.tokens, cfg)
+@register("tokens", TokensTable, task="lm")
+def tokens(cfg, table: TokensTable, seed: int) -> Splits:
+    return text_splits(text.tokens, cfg, table)
 
 
 def build(cfg, seed: int) -> Splits:
-    """The train/val/test splits named by `cfg.dataset`; DataError if the files are missing or broken."""
-    splits = DATASETS[cfg.dataset].build(cfg, seed)
+    """The train/val/test splits named by `cfg.dataset` (the [data] section), built from its table; DataError if the
+    files are missing or broken."""
+    splits = DATASETS[cfg.dataset].build(cfg, cfg.table, seed)
     if len(splits.val) == 0:
-        raise DataError("the validation split is empty: raise data.val_size")
+        raise DataError(f"the validation split of {cfg.dataset} is empty")
     return splits
 
 

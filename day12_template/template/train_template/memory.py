@@ -117,10 +117,10 @@ def sample_batch(info, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def info_of(cfg: config.Config):
     """What the data says of itself, without reading it where the config says enough: a GPT with a fixed vocabulary
-    (model.gpt.vocab_size > 0) needs only that and data.block_size. Otherwise the data is built (DataError if
+    (model.gpt.vocab_size > 0) needs only that and the text's block_size. Otherwise the data is built (DataError if
     absent)."""
     if cfg.model.name == "gpt" and cfg.model.gpt.vocab_size:
-        return data.TextInfo(cfg.model.gpt.vocab_size, cfg.data.block_size)
+        return data.TextInfo(cfg.model.gpt.vocab_size, cfg.data.table.block_size)
     return data.build(cfg.data, cfg.run.seed).info
 
 
@@ -158,7 +158,7 @@ def evaluation(cfg: config.Config, info, batch: int) -> int:
 
 def activations_formula(cfg: config.Config, info, micro: int) -> int:
     """The curriculum's Megatron-LM count for a GPT: s·b·h·(34 + 5·a·s/h) bytes per layer with 2-byte activations
-    (s = data.block_size, b = micro-batch, h = n_embd, a = n_head), times n_layer; x 2 without autocast (fp32)."""
+    (s = the data's block_size, b = micro-batch, h = n_embd, a = n_head), times n_layer; x 2 without autocast (fp32)."""
     gpt, s = cfg.model.gpt, info.block_size
     per_layer = s * micro * gpt.n_embd * (34 + 5 * gpt.n_head * s / gpt.n_embd)
     return round(per_layer * gpt.n_layer * (1 if cfg.train.amp else 2))

@@ -169,7 +169,7 @@ class GPTTable:
     n_head: int = opt(4, "attention heads per block (n_embd / n_head = each head's width)", gt=0)
     n_embd: int = opt(128, "width of the residual stream: the model's size grows with n_layer x n_embd^2", gt=0)
     block_size: int = opt(64, "the longest context the model sees (its position embeddings): at least "
-                          "data.block_size", gt=0)
+                          "the data's block_size", gt=0)
     dropout: float = opt(0.0, "dropout in attention and MLP outputs: 0 for short runs on much data, 0.1-0.2 "
                          "when a small corpus is seen many times", ge=0, lt=1)
     bias: bool = opt(True, "biases in Linear and LayerNorm layers, as GPT-2; false is a little faster")
@@ -199,9 +199,10 @@ class GPTTable:
         if self.position == "rope" and (self.n_embd // self.n_head) % 2:
             raise ConfigError(f"model.gpt.position=rope turns pairs of dimensions: the head width n_embd / n_head = "
                               f"{self.n_embd // self.n_head} must be even")
-        if cfg.data.block_size > self.block_size:
-            raise ConfigError(f"data.block_size={cfg.data.block_size} exceeds model.gpt.block_size="
-                              f"{self.block_size}, the longest context the model has positions for")
+        if cfg.data.table.block_size > self.block_size:
+            raise ConfigError(f"data.{cfg.data.dataset}.block_size={cfg.data.table.block_size} exceeds "
+                              f"model.gpt.block_size={self.block_size}, the longest context the model has positions "
+                              f"for")
 
 
 @register("gpt", GPTTable, task="lm")
@@ -220,7 +221,7 @@ def build(cfg, info, seed: int = 0, device: str | torch.device = "cpu", shard: C
     It is built on the meta device first; `shard` (FSDP2's fully_shard) is applied there, then memory is allocated and
     every tensor drawn by `init_weights`. A model without `init_tensor` is built whole instead, by its layers' own
     initialisers (on the CPU, then moved), then sharded."""
-    make = functools.partial(MODELS[cfg.name].build, getattr(cfg, cfg.name), info)
+    make = functools.partial(MODELS[cfg.name].build, cfg.table, info)
     with torch.device("meta"):
         model = make()
     real, own_init = torch.device(device).type != "meta", hasattr(model, "init_tensor")

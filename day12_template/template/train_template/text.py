@@ -115,16 +115,17 @@ class TextSplits:
 def check_fits(tokens: np.ndarray, block_size: int, name: str, hint: str = "") -> None:
     if len(tokens) < block_size + 1:
         raise TextDataError(f"a window of block_size+1 tokens does not fit in {name} ({len(tokens)} tokens): "
-                            f"lower data.block_size{hint}")
+                            f"lower data.shakespeare.block_size{hint}")
 
 
-def eval_data(tokens: np.ndarray, block_size: int, eval_windows: int) -> TokenData:
+def eval_data(tokens: np.ndarray, block_size: int, eval_windows: int, table: str) -> TokenData:
     """`eval_windows` starts evenly spaced over the split, or (0) every non-overlapping window. More than the split's
-    distinct windows would only repeat them (an evaluation of hours and gigabytes): refused."""
+    distinct windows would only repeat them (an evaluation of hours and gigabytes): refused, naming the field of the
+    dataset's config `table` (data.shakespeare)."""
     last = len(tokens) - block_size - 1
     if eval_windows > last + 1:
-        raise TextDataError(f"data.eval_windows={eval_windows:,} is more than the {last + 1:,} distinct windows of a "
-                            f"{len(tokens):,}-token evaluation split: lower it (0 = every non-overlapping window)")
+        raise TextDataError(f"{table}.eval_windows={eval_windows:,} is more than the {last + 1:,} distinct windows "
+                            f"of a {len(tokens):,}-token evaluation split: lower it (0 = every non-overlapping window)")
     if eval_windows:
         starts = np.linspace(0, last, eval_windows).round().astype(np.int64)
     else:
@@ -191,8 +192,8 @@ def shakespeare(root: str, block_size: int, eval_windows: int, subset: int) -> T
     check_fits(train, block_size, "Shakespeare's train split", " or raise data.subset" if subset > 0 else "")
     check_fits(val, block_size, "Shakespeare's val split")
     check_fits(test, block_size, "Shakespeare's test split")
-    return TextSplits(TokenData(train, block_size), eval_data(val, block_size, eval_windows),
-                      eval_data(test, block_size, eval_windows), 256, block_size, torch.ones(256, dtype=torch.float64),
+    val, test = (eval_data(split, block_size, eval_windows, "data.shakespeare") for split in (val, test))
+    return TextSplits(TokenData(train, block_size), val, test, 256, block_size, torch.ones(256, dtype=torch.float64),
                       BYTES)
 
 
@@ -312,7 +313,7 @@ def open_bin(path: Path, dtype: type, vocab_size: int, meta_path: Path, block_si
     count = min(size // itemsize, limit) if limit > 0 else size // itemsize
     if count < block_size + 1:
         raise TextDataError(f"a window of block_size+1 tokens does not fit in {path.name} ({count} tokens): "
-                            f"lower data.block_size" + (" or raise data.subset" if limit > 0 else ""))
+                            f"lower data.tokens.block_size" + (" or raise data.subset" if limit > 0 else ""))
     tokens = np.memmap(path, dtype=dtype, mode="r", shape=(count,))
     head = tokens[:WIDTH_PROBE]
     if dtype == np.uint16 and len(head) >= 64 and head[0::2].any() and not head[1::2].any():
@@ -342,7 +343,7 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
     test = None
     if (folder / "test.bin").is_file():
         test = eval_data(open_bin(folder / "test.bin", dtype, vocab_size, meta_path, block_size), block_size,
-                         eval_windows)
+                         eval_windows, "data.tokens")
     itos = meta.get("itos")
     bytes_per_token = None
     fingerprint = vocab_fingerprint(vocab_size, token_strings(meta, meta_path))
@@ -351,8 +352,8 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
     elif itos is not None and all(i in itos for i in range(vocab_size)):
         bytes_per_token = torch.tensor([len(itos[i].encode("utf-8")) for i in range(vocab_size)],
                                        dtype=torch.float64)
-    return TextSplits(TokenData(train, block_size), eval_data(val, block_size, eval_windows), test, vocab_size,
-                      block_size, bytes_per_token, fingerprint)
+    return TextSplits(TokenData(train, block_size), eval_data(val, block_size, eval_windows, "data.tokens"), test,
+                      vocab_size, block_size, bytes_per_token, fingerprint)
 
 
 # -- tokenizers ----------------------------------------------------------------------------------------------------
