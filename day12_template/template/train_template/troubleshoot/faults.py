@@ -13,9 +13,9 @@ to train.py from outside its loop, as a `train.Hook`; run them through this modu
     step_sleep=S                  sleep S seconds after each optimizer step (gives a signal time to land mid-run)
     stop_at=N                     SIGTERM to this process during step N, so the run stops after it (a
                                   scheduler's stop at a chosen step: a period's last one, the run's last one)
-    audit_writes=DIR              at exit, write DIR/audit-rank<R>.json: every file this process created, renamed,
+    audit_writes=DIR              at the end, write DIR/audit-rank<R>.json: every file this process created, renamed,
                                   linked or deleted (proves that only rank 0 writes)
-    grad_syncs=DIR                at exit, write DIR/grad-syncs-rank<R>.json: DDP's gradient all-reduces and the
+    grad_syncs=DIR                at the end, write DIR/grad-syncs-rank<R>.json: DDP's gradient all-reduces and the
                                   optimizer steps they served (proves no_sync skips all but the last micro-batch)
     breaks=A+B                    break the model or the data for good (below), e.g. breaks=explode@head+leak=100
 
@@ -33,7 +33,6 @@ Breaks: the bugs the troubleshooting toolkit finds (its gates and `doctor.py --f
     drop_class[=C]   class C (default 0) removed from the training split
     slow_data[=S]    every training batch takes S more seconds to load (default 0.05): a data-bound loop
 """
-import atexit
 import json
 import os
 import signal
@@ -163,8 +162,11 @@ def kill_between_links(n: int) -> None:
     checkpoint.files.link = maybe_die_then_link
 
 
+AT_END: list = []  # what main() writes when train.py's main returns (a rank ends without running atexit handlers)
+
+
 def count_grad_syncs(module: torch.nn.Module, progress, folder: str) -> None:
-    """DDP's default all-reduce, counted per bucket; the counts are dumped at exit."""
+    """DDP's default all-reduce, counted per bucket; the counts are dumped at the end (AT_END)."""
     if not hasattr(module, "register_comm_hook"):
         return
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -181,14 +183,14 @@ def count_grad_syncs(module: torch.nn.Module, progress, folder: str) -> None:
         Path(folder, f"grad-syncs-rank{rank}.json").write_text(json.dumps(counts))
 
     module.register_comm_hook(None, counted_allreduce)
-    atexit.register(dump)
+    AT_END.append(dump)
 
 
 WRITES: list[str] = []
 
 
 def audit_writes(folder: str) -> None:
-    """Record file creations, renames, links and deletions (Python audit events); dump them at exit."""
+    """Record file creations, renames, links and deletions (Python audit events); dump them at the end."""
     def hook(event, args):
         if event == "open" and (isinstance(args[1], str) and any(c in args[1] for c in "wax+")
                                 or args[1] is None and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)):
@@ -204,7 +206,7 @@ def audit_writes(folder: str) -> None:
             json.dump({"rank": rank, "writes": WRITES}, f)
 
     sys.addaudithook(hook)
-    atexit.register(dump)
+    AT_END.append(dump)
 
 
 # -- breaks: bugs put in on purpose ------------------------------------------------------------------------------
@@ -280,7 +282,11 @@ def main(argv=None) -> int:
     """train.py's command line with the drills of TEMPLATE_FAULTS attached."""
     faults = Faults.from_env()
     faults.install_process_drills()
-    return train.main(argv, [faults])
+    try:
+        return train.main(argv, [faults])
+    finally:
+        for dump in AT_END:
+            dump()
 
 
 if __name__ == "__main__":
