@@ -49,6 +49,7 @@ sys.path.insert(0, str(TEMPLATE / "tests"))  # the helpers the template's own te
 import drills_lab
 import main as demo
 import muon_lab
+import rnn_to_attention_lab as rnn_lab
 import same_numbers
 import zero_lab
 from train_template import (checkpoint, compare_runs, config, data, distributed, doctor, memory, models,
@@ -63,8 +64,8 @@ from sprint.gates import Gates, run_this_file
 from sprint.measure import one_thread
 
 gates = Gates(__file__)
-for _m in (checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, runlog, train,
-           checks):
+for _m in (checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, rnn_lab, runlog,
+           train, checks):
     assert HERE in Path(_m.__file__).parents, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
 
 # TINY overfitting: 64 training images, 4 steps an epoch; the best evaluation comes early, early stopping ends it.
@@ -1084,6 +1085,42 @@ def test_muon_beats_adamw_at_equal_steps_on_both_seeds_at_the_labs_learning_rate
             for name, c in chosen.items() for seed in (0, 1)}
     gates.check(f"the GPT, {MUON_GATE_STEPS} steps at the lab's learning rates: Muon's val loss / AdamW's, worse of "
                 f"seeds 0 and 1", max(loss["muon", s] / loss["adamw", s] for s in (0, 1)), "<", 1.0)
+
+
+# --- from an RNN to attention (rnn_to_attention_lab.py) -------------------------------------------------------------
+def test_the_labs_lstm_has_the_gpts_parameters_within_one_percent_as_its_formula_counts():
+    cfg = config.load(str(rnn_lab.CONFIG), [])
+    info = data.build(cfg.data, cfg.run.seed).info
+    lstm, gpt = rnn_lab.build("lstm", cfg, info, 0), models.build(cfg.model, info, device="meta")
+    width = lstm.lstm.hidden_size
+    assert models.count_params(lstm) == rnn_lab.lstm_params(info.vocab_size, width, rnn_lab.LSTM_LAYERS)
+    gates.check(f"|LSTM parameters / GPT parameters - 1| (width {width}, {rnn_lab.LSTM_LAYERS} layers)",
+                abs(models.count_params(lstm) / models.count_params(gpt) - 1), "<", 0.01)
+
+
+MEMORY_EXPONENTS = {"attention, math path": (">=", 1.6), "attention, fused path": ("<=", 1.2), "LSTM": ("<=", 1.2)}
+
+
+@pytest.mark.parametrize("name", MEMORY_EXPONENTS)
+def test_attentions_score_matrix_makes_its_memory_grow_as_the_context_squared_unless_fused(name):
+    lengths = rnn_lab.CONTEXTS[-rnn_lab.FITTED:]
+    peaks = [rnn_lab.step_cost(name, length, batch=1, repeats=1)["peak_mib"] for length in lengths]
+    op, bound = MEMORY_EXPONENTS[name]
+    gates.check(f"{name}: exponent k of a forward + backward's memory ~ T^k, T = {lengths}",
+                rnn_lab.exponent(lengths, peaks), op, bound)
+
+
+REVERSAL_GATE = {"steps": 300, "hidden": 64, "max_length": 16}  # the lab: 1,500 steps, lengths up to 32
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_without_attention_a_seq2seq_lstm_forgets_long_sequences_and_attention_remembers_them(seed):
+    short, long = rnn_lab.MIN_LENGTH, REVERSAL_GATE["max_length"]
+    plain, attending = (rnn_lab.train_reverser(attention, seed, **REVERSAL_GATE) for attention in (False, True))
+    gates.check(f"reversing digits, seed {seed}: without attention, share right at length {short} - at {long}",
+                rnn_lab.accuracy(plain, short) - rnn_lab.accuracy(plain, long), ">=", 0.3)
+    gates.check(f"reversing digits, seed {seed}: share right at length {long}, with attention - without",
+                rnn_lab.accuracy(attending, long) - rnn_lab.accuracy(plain, long), ">=", 0.15)
 
 
 # --- the engineering chapter's drills (drills_lab.py) ----------------------------------------------------------------

@@ -25,23 +25,23 @@ multiply faster than fp32; an AVX2-only CPU multiplies bf16 some 25x slower than
 took seconds there. So where runlog's matmul throughput (the figure MFU divides by) is lower in bf16 than in fp32,
 the lab runs `Fp32Muon`, the same update with the iteration in fp32 (`newton_schulz_dtype`; the results say which).
 """
-import argparse
 import dataclasses
 import functools
 import math
 import statistics
 import sys
-import time
 from operator import itemgetter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "template"  # what a learner copies: the package train_template, its scripts and configs
 sys.path.insert(0, str(TEMPLATE))
+sys.path.insert(0, str(HERE))  # lab_training.py, however this file is loaded
 
 import torch
 
-from train_template import config, data, models, runlog, tasks, train
+from lab_training import mean_loss, spread, start, train_lm
+from train_template import config, models, runlog, tasks, train
 
 CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 STEPS, EVAL_EVERY, VAL_WINDOWS = 240, 40, 256
@@ -127,44 +127,12 @@ class Fp32Muon(torch.optim.Muon):
         return loss
 
 
-def spread(split, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`count` windows of a split, evenly spaced over all of it."""
-    return split.batch(0, torch.linspace(0, len(split) - 1, count).long())
-
-
-@torch.no_grad()
-def mean_loss(model, task, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
-    model.eval()
-    x, y = windows
-    nats = sum(task.eval_sums(model(xb), yb)[0].item() for xb, yb in zip(x.split(64), y.split(64)))
-    model.train()
-    return nats / y.numel()
-
-
 def run(cfg: config.Config, splits, name: str, lr: float, adamw_lr: float, seed: int, steps: int = STEPS) -> dict:
     """One training run: the validation curve against steps and training seconds."""
-    task = tasks.for_dataset(cfg.data.dataset, splits.info)
     model = models.build(cfg.model, splits.info, seed)
-    opts = optimizers(model, cfg, name, lr, adamw_lr)
-    schedules = [train.warmup_cosine(opt, steps, cfg.optim) for opt in opts]
-    order = torch.Generator().manual_seed(seed)  # the data order: windows drawn at random, as the template does
-    windows = spread(splits.val, VAL_WINDOWS)
-    curve, seconds = [], 0.0
-    for step in range(1, steps + 1):
-        start = time.perf_counter()
-        x, y = splits.train.batch(0, torch.randint(len(splits.train), (cfg.train.batch_size,), generator=order))
-        task.loss(model(x), y).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        for opt, schedule in zip(opts, schedules):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            schedule.step()
-        seconds += time.perf_counter() - start
-        if step % EVAL_EVERY == 0 or step == steps:
-            curve.append({"step": step, "seconds": seconds, "val_loss": mean_loss(model, task, windows)})
-    return {"optimizer": name, "lr": lr, "adamw_lr": adamw_lr, "seed": seed, "steps": steps, "curve": curve,
-            "val_loss": curve[-1]["val_loss"], "seconds": seconds, "ms_per_step": 1000 * seconds / steps,
-            "model": model}
+    result = train_lm(model, optimizers(model, cfg, name, lr, adamw_lr), cfg, splits, seed, steps, EVAL_EVERY,
+                      VAL_WINDOWS)
+    return {"optimizer": name, "lr": lr, "adamw_lr": adamw_lr, "seed": seed, "steps": steps, **result, "model": model}
 
 
 def tested(result: dict, splits, task) -> dict:
@@ -255,12 +223,7 @@ def plot(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "runs" / "muon_lab")
-    args = parser.parse_args(argv)
-    cfg = config.load(str(CONFIG), [])
-    train.seed_everything(cfg.run.seed, deterministic=False)
-    splits = data.build(cfg.data, cfg.run.seed)
+    args, cfg, splits = start(__doc__, "muon_lab", CONFIG, argv)
     res = {"config": CONFIG.name, "params": models.count_params(models.build(cfg.model, splits.info, device="meta")),
            "batch": cfg.train.batch_size, "machine": runlog.cpu_name(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "newton_schulz_dtype": str(newton_schulz_dtype()).removeprefix("torch."),

@@ -1,0 +1,68 @@
+"""lab_training.py — how the Day 12 labs train a language model outside the template's loop, so that one change (the
+optimizer, the architecture) is all that differs between two runs.
+
+Windows of the training split drawn at random from a generator seeded by the run's seed, as the template draws them;
+one warmup + cosine schedule per optimizer (the template's); the gradient norm clipped; the validation loss on the
+same evenly spaced windows every few steps, recorded against steps and against training seconds (the evaluations
+left out of the seconds).
+"""
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from train_template import config, data, tasks, train
+
+HERE = Path(__file__).resolve().parent
+
+
+def start(doc: str, name: str, config_file: Path, argv=None) -> tuple[argparse.Namespace, config.Config, data.Splits]:
+    """A lab's command line (`--out`, by default runs/<name> in this folder), its config and data, and the global
+    RNG seeded from the config, as the template seeds a run."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "runs" / name)
+    args = parser.parse_args(argv)
+    cfg = config.load(str(config_file), [])
+    train.seed_everything(cfg.run.seed, deterministic=False)
+    return args, cfg, data.build(cfg.data, cfg.run.seed)
+
+
+def spread(split, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` windows of a split, evenly spaced over all of it."""
+    return split.batch(0, torch.linspace(0, len(split) - 1, count).long())
+
+
+@torch.no_grad()
+def mean_loss(model, task, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """The mean loss per token over `windows`, in evaluation mode (64 windows at a time)."""
+    model.eval()
+    x, y = windows
+    nats = sum(task.eval_sums(model(xb), yb)[0].item() for xb, yb in zip(x.split(64), y.split(64)))
+    model.train()
+    return nats / y.numel()
+
+
+def train_lm(model, optimizers: list, cfg: config.Config, splits, seed: int, steps: int, eval_every: int,
+             val_windows: int) -> dict:
+    """`steps` optimizer steps of `model` with `optimizers` (each on its own schedule) at the config's batch size and
+    clipping: {"curve": [{"step", "seconds", "val_loss"}, ...], "val_loss", "seconds", "ms_per_step"}."""
+    task = tasks.for_dataset(cfg.data.dataset, splits.info)
+    schedules = [train.warmup_cosine(opt, steps, cfg.optim) for opt in optimizers]
+    order = torch.Generator().manual_seed(seed)  # the data order: windows drawn at random, as the template does
+    windows = spread(splits.val, val_windows)
+    curve, seconds = [], 0.0
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        x, y = splits.train.batch(0, torch.randint(len(splits.train), (cfg.train.batch_size,), generator=order))
+        task.loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        for opt, schedule in zip(optimizers, schedules):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            schedule.step()
+        seconds += time.perf_counter() - start
+        if step % eval_every == 0 or step == steps:
+            curve.append({"step": step, "seconds": seconds, "val_loss": mean_loss(model, task, windows)})
+    return {"curve": curve, "val_loss": curve[-1]["val_loss"], "seconds": seconds,
+            "ms_per_step": 1000 * seconds / steps}
