@@ -168,6 +168,7 @@ def test_a_rank_whose_peer_died_stops_with_one_line_and_exit_1(monkeypatch, caps
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(train, "leave_rank", sys.exit)  # a rank leaves with os._exit, which would end pytest here
     with pytest.raises(SystemExit) as ended:
         train.exit_with(lost_peer)
     err = capsys.readouterr().err
@@ -2564,26 +2565,29 @@ def dist_driver(plan_file: str) -> int:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    for item in json.loads(Path(plan_file).read_text()):
-        if "build" in item:
-            measure_build(config.load(None, item["set"]), item["build"])
-            continue
-        try:
-            drills = Faults.from_env(item.get("faults", ""))
-            drills.install_process_drills()
-            probes = [DtypeProbe(item["dtypes"])] if "dtypes" in item else []
-            probes += [StateProbe(item["state"])] if "state" in item else []
-            probes += [InitProbe(item["init"])] if "init" in item else []
-            probes += [SentProbe(item["sent"])] if "sent" in item else []
-            train.run(config.load(item.get("config"), item["set"]), [drills, *probes])
-        except train.Stopped as exc:
-            if not item.get("stops"):  # a planned stop (a drill) goes on with the next run; any other ends the launch
-                return exc.code
+    try:
+        for item in json.loads(Path(plan_file).read_text()):
+            if "build" in item:
+                measure_build(config.load(None, item["set"]), item["build"])
+                continue
+            try:
+                drills = Faults.from_env(item.get("faults", ""))
+                drills.install_process_drills()
+                probes = [DtypeProbe(item["dtypes"])] if "dtypes" in item else []
+                probes += [StateProbe(item["state"])] if "state" in item else []
+                probes += [InitProbe(item["init"])] if "init" in item else []
+                probes += [SentProbe(item["sent"])] if "sent" in item else []
+                train.run(config.load(item.get("config"), item["set"]), [drills, *probes])
+            except train.Stopped as exc:
+                if not item.get("stops"):  # a planned stop (a drill) goes on with the next run; any other ends it
+                    return exc.code
+    finally:
+        faults.write_at_end()
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--dist-driver"]:
-        sys.exit(dist_driver(sys.argv[2]))
+        train.exit_with(functools.partial(dist_driver, sys.argv[2]))  # a rank's exit (train.leave_rank)
     run_this_file(__file__)

@@ -623,8 +623,8 @@ def leave_rank(code: int) -> None:
     """A torchrun rank's exit, once its run has closed its files and left the process group: os._exit, after flushing
     the output. The interpreter's own exit races the process group's worker threads: one still releasing a finished
     collective's tensors needs the GIL that the exit is tearing down, and the rank dies of SIGABRT ("terminate called
-    without an active exception"; PyTorch issue 190489). That happened to 2 of 80 launches of the tests' DDP and FSDP2
-    runs on 2 busy cores. So a rank runs no atexit handlers."""
+    without an active exception"; PyTorch issue 190489), now and then, more often on busy cores. A rank therefore runs
+    no atexit handlers (docs/scale_out.md)."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -162,11 +162,17 @@ def kill_between_links(n: int) -> None:
     checkpoint.files.link = maybe_die_then_link
 
 
-AT_END: list = []  # what main() writes when train.py's main returns (a rank ends without running atexit handlers)
+AT_END: list = []  # what write_at_end() writes (a rank ends without running atexit handlers)
+
+
+def write_at_end() -> None:
+    """Write what the drills recorded (audit_writes, grad_syncs): main() calls it when train.py's main returns."""
+    for dump in AT_END:
+        dump()
 
 
 def count_grad_syncs(module: torch.nn.Module, progress, folder: str) -> None:
-    """DDP's default all-reduce, counted per bucket; the counts are dumped at the end (AT_END)."""
+    """DDP's default all-reduce, counted per bucket; the counts are written at the end (write_at_end)."""
     if not hasattr(module, "register_comm_hook"):
         return
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -285,8 +291,7 @@ def main(argv=None) -> int:
     try:
         return train.main(argv, [faults])
     finally:
-        for dump in AT_END:
-            dump()
+        write_at_end()
 
 
 if __name__ == "__main__":
