@@ -27,17 +27,20 @@ STEPS = 2 * 512 // 32
 
 def tiny_lm(root: str) -> dict:
     """The same run for a language model: a tiny GPT on a corpus in the Shakespeare layout (`root`; empty: the repo's
-    bundle), 32 steps evaluated every 16 (the "epochs" of text), windows of 32 bytes, the same checkpoints; not
-    TINY's train.epochs: text trains for train.steps, and warns that it ignores a train.epochs set."""
-    shared = {k: v for k, v in TINY.items() if k != "train.epochs"}
+    bundle), 32 steps evaluated every 16 (the "epochs" of text), windows of 32 bytes, the same checkpoints; none of
+    TINY's image fields (train.epochs, the synthetic data's and the MLP's tables): a run warns about values it
+    ignores."""
+    shared = {k: v for k, v in TINY.items() if not k.startswith(("train.epochs", "data.synthetic.", "model.mlp."))}
     return {**shared, "data.dataset": "shakespeare", "data.root": root, "data.shakespeare.block_size": 32,
-            "data.shakespeare.eval_windows": 32, "model.name": "gpt", "model.gpt.n_layer": 2, "model.gpt.n_head": 2, "model.gpt.n_embd": 32,
-            "model.gpt.block_size": 32, "model.gpt.dropout": 0.1, "train.steps": STEPS, "train.eval_every": 16}
+            "data.shakespeare.eval_windows": 32, "model.name": "gpt", "model.gpt.n_layer": 2, "model.gpt.n_head": 2,
+            "model.gpt.n_embd": 32, "model.gpt.block_size": 32, "model.gpt.dropout": 0.1, "train.steps": STEPS,
+            "train.eval_every": 16}
 
 
 def tiny_tokens(root) -> dict:
     """tiny_lm's run on nanoGPT's token files in `root`: the same windows, set in the tokens dataset's table."""
-    return {**tiny_lm(""), "data.dataset": "tokens", "data.root": str(root), "data.tokens.block_size": 32,
+    shared = {k: v for k, v in tiny_lm("").items() if not k.startswith("data.shakespeare.")}
+    return {**shared, "data.dataset": "tokens", "data.root": str(root), "data.tokens.block_size": 32,
             "data.tokens.eval_windows": 32}
 
 

@@ -38,3 +38,9 @@ def test_the_shipped_text_configs_and_the_tests_tiny_lm_set_no_ignored_train_epo
     else:
         cfg = config.load(None, sets(tiny_lm(corpus)))
     assert config.ignored(cfg) == ""
+
+
+def test_switching_the_dataset_warns_that_the_previous_datasets_table_is_ignored():
+    cfg = config.load(str(TEMPLATE / "configs" / "shakespeare_cpu.toml"), ["data.dataset=tokens", "data.root=x"])
+    assert config.ignored(cfg) == ("[data.shakespeare] (eval_windows=1024) is ignored: data.dataset is tokens, which "
+                                   "reads [data.tokens]")

@@ -394,14 +394,25 @@ def check_task(cfg: Config) -> None:
 
 
 def ignored(cfg: Config) -> str:
-    """A warning for a value the run accepts but does not use ('' if none): a run with train.steps ignores a
-    train.epochs other than the default (an image config's, switched to text with --set, say). Not refused: then
-    such a switch would have to set epochs back too."""
+    """A warning for values the run accepts but does not use ('' if none): a train.epochs other than the default in a
+    run with train.steps, and the table of a dataset or model the run does not use, set away from its defaults (an
+    image config switched to text with --set, say: the dataset now chosen reads its own table). Not refused: then such
+    a switch would have to set them back too."""
+    unused = []
     default = fields()["train.epochs"][0].default
     if cfg.train.steps and cfg.train.epochs != default:
-        return (f"train.epochs={cfg.train.epochs} is ignored: train.steps={cfg.train.steps} sets the run's length "
-                f"in optimizer steps")
-    return ""
+        unused.append(f"train.epochs={cfg.train.epochs} is ignored: train.steps={cfg.train.steps} sets the run's "
+                      f"length in optimizer steps")
+    for section in registries():
+        part = getattr(cfg, section)
+        chosen = getattr(part, part.choice)
+        for name, table in part.tables.items():
+            changed = [f"{f.name}={to_toml(getattr(table, f.name))}" for f in dataclasses.fields(table)
+                       if getattr(table, f.name) != f.default]
+            if name != chosen and changed:
+                unused.append(f"[{section}.{name}] ({', '.join(changed)}) is ignored: {section}.{part.choice} is "
+                              f"{chosen}, which reads [{section}.{chosen}]")
+    return "; ".join(unused)
 
 
 def argument_parser(doc: str, inspect: bool = False) -> argparse.ArgumentParser:
