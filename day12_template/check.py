@@ -407,12 +407,12 @@ def test_a_copy_outside_the_repo_installs_as_a_package_and_passes_its_own_tests_
 
 # --- datasets and models switched by config only -------------------------------------------------------------------
 SWITCHES = {
-    "mnist + mlp": {"data.dataset": "mnist", "data.mnist.val_size": 1000},
-    "mnist + resnet": {"data.dataset": "mnist", "data.mnist.val_size": 1000, "model.name": "resnet",
-                       "model.resnet.widths": [8, 16, 16], "optim.lr": 1e-2},
-    "fashion_mnist + resnet": {"data.dataset": "fashion_mnist", "data.fashion_mnist.val_size": 1000,
-                               "model.name": "resnet", "model.resnet.widths": [8, 16, 16], "optim.lr": 1e-2},
-    "synthetic + mlp": {"data.dataset": "synthetic", "data.synthetic.val_size": 1000},
+    "mnist + mlp": {"data.dataset": "mnist"},
+    "mnist + resnet": {"data.dataset": "mnist", "model.name": "resnet", "model.resnet.widths": [8, 16, 16],
+                       "optim.lr": 1e-2},
+    "fashion_mnist + resnet": {"data.dataset": "fashion_mnist", "model.name": "resnet", "model.resnet.widths": [8, 16, 16],
+                               "optim.lr": 1e-2},
+    "synthetic + mlp": {"data.dataset": "synthetic"},
     "imagefolder + mlp": {"data.dataset": "imagefolder", "data.imagefolder.val_size": 100, "train.epochs": 3,
                           "train.batch_size": 32, "data.num_workers": 2},
 }
@@ -420,8 +420,9 @@ SWITCHES = {
 
 @pytest.mark.parametrize("name", SWITCHES)
 def test_switching_dataset_or_model_is_a_config_change_and_each_trains(name, tmp_path):
-    values = {**SMALL_MNIST, **SWITCHES[name]}
-    if values["data.dataset"] == "imagefolder":
+    dataset = SWITCHES[name]["data.dataset"]
+    values = {**SMALL_MNIST, f"data.{dataset}.val_size": 1000, **SWITCHES[name]}  # each dataset's own table
+    if dataset == "imagefolder":
         values["data.root"] = str(demo.make_digits(tmp_path / "digits", {"train": 40, "test": 5}))
     result = train.run(cfg_of(values, tmp_path / "run"))
     val = [r for r in runlog.read_metrics(tmp_path / "run") if r["kind"] == "val"][-1]

@@ -29,8 +29,9 @@ def read_run(run_dir: Path) -> dict:
     """A run folder's flattened config and its figures: best validation loss and step, test metrics."""
     if not (run_dir / "config.toml").is_file() or not (run_dir / "metrics.jsonl").is_file():
         raise config.ConfigError(f"{run_dir} is not a run folder of this template (no config.toml or metrics.jsonl)")
-    cfg = config.flatten(config.to_dict(config.load(str(run_dir / "config.toml"), [])))
-    chosen = {f"model.{cfg['model.name']}", f"data.{cfg['data.dataset']}"}
+    loaded = config.load(str(run_dir / "config.toml"), [])
+    cfg = config.flatten(config.to_dict(loaded))
+    chosen = {f"{section}.{getattr(loaded, section).chosen}" for section in config.registries()}
     unused = [k for k in cfg if k.count(".") == 2 and k.rsplit(".", 1)[0] not in chosen]  # a table's field
     for key in unused:  # the tables of the models and datasets this run does not use
         del cfg[key]

@@ -53,7 +53,7 @@ def default_tables(section: str) -> dict:
 
 class Tables:
     """A section with a table of fields for each registered entry, read as attributes (`cfg.model.gpt.n_layer`,
-    `cfg.data.shakespeare.block_size`); `.table` is the chosen entry's."""
+    `cfg.data.shakespeare.block_size`); `.chosen` names the chosen entry, `.table` is its table."""
     choice = ""  # the field naming the chosen entry
 
     def __getattr__(self, name: str):
@@ -63,9 +63,14 @@ class Tables:
         raise AttributeError(f"{type(self).__name__.lower()} has no field or table {name!r}")
 
     @property
+    def chosen(self) -> str:
+        """The chosen entry's name: the value of the `choice` field (data.dataset, model.name)."""
+        return getattr(self, self.choice)
+
+    @property
     def table(self):
         """The chosen entry's table: `cfg.data.table` is `cfg.data.shakespeare` when data.dataset is shakespeare."""
-        return self.tables[getattr(self, self.choice)]
+        return self.tables[self.chosen]
 
 
 @dataclass
@@ -405,13 +410,12 @@ def ignored(cfg: Config) -> str:
                       f"length in optimizer steps")
     for section in registries():
         part = getattr(cfg, section)
-        chosen = getattr(part, part.choice)
         for name, table in part.tables.items():
             changed = [f"{f.name}={to_toml(getattr(table, f.name))}" for f in dataclasses.fields(table)
                        if getattr(table, f.name) != f.default]
-            if name != chosen and changed:
+            if name != part.chosen and changed:
                 unused.append(f"[{section}.{name}] ({', '.join(changed)}) is ignored: {section}.{part.choice} is "
-                              f"{chosen}, which reads [{section}.{chosen}]")
+                              f"{part.chosen}, which reads [{section}.{part.chosen}]")
     return "; ".join(unused)
 
 
@@ -485,9 +489,8 @@ def dump_toml(cfg: Config) -> str:
     for section, values in to_dict(cfg).items():
         sections.append((section, values))
         if section in registries():
-            chosen = getattr(cfg, section)
-            name = getattr(chosen, chosen.choice)
-            sections.append((f"{section}.{name}", values[name]))
+            chosen = getattr(cfg, section).chosen
+            sections.append((f"{section}.{chosen}", values[chosen]))
     lines = []
     for section, values in sections:
         lines.append(f"[{section}]")
