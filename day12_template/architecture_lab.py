@@ -16,8 +16,9 @@ against its reference on the same seed (the same initial draws where the shapes 
 - warmup: the GPT-2 block without its warmup;
 - norm placement: post-norm (the 2017 Transformer) against pre-norm, with the warmup, without it, and at LOW_LR;
 - RMSNorm against LayerNorm;
-- rotary against learned positions, and the rotary model's loss on windows twice as long as it trained on (a learned
-  position table has no row for position 64 or later: that model cannot run them at all);
+- rotary against learned positions, both against none at all (NoPE: a causal model still knows how many tokens came
+  before each one), and the rotary model's loss on windows twice as long as it trained on (a learned position table
+  has no row for position 64 or later: that model cannot run them at all);
 - SwiGLU (8/3 x wide) and ReLU squared against GELU, at equal parameters;
 - QK-norm and a logit soft-cap (SOFTCAP) at HIGH_LR, against the plain block there;
 - an output layer of its own against one tied to the embedding;
@@ -68,6 +69,8 @@ COMPARISONS = [
     ("post-norm, lr 3e-4", "GPT-2 block, lr 3e-4", "the same at a tenth of the learning rate"),
     ("RMSNorm", "GPT-2 block", "RMSNorm for LayerNorm"),
     ("RoPE", "GPT-2 block", "rotary for learned positions"),
+    ("no positions", "GPT-2 block", "the causal mask alone for learned positions"),
+    ("RoPE", "no positions", "what the rotation adds"),
     ("SwiGLU", "GPT-2 block", "a gated MLP at equal parameters"),
     ("ReLU²", "GPT-2 block", "ReLU squared for GELU"),
     ("QK-norm, lr 1e-2", "GPT-2 block, lr 1e-2", "queries and keys normalised, at a high learning rate"),
@@ -103,6 +106,7 @@ def runs(info) -> dict[str, tuple[str, ...]]:
         "post-norm, lr 3e-4": (POST, LOW),
         "RMSNorm": ("model.gpt.norm=rmsnorm",),
         "RoPE": ROTARY,
+        "no positions": ("model.gpt.position=none",),
         "SwiGLU": ("model.gpt.mlp=swiglu",),
         "ReLU²": ("model.gpt.mlp=relu2",),
         "QK-norm, lr 1e-2": ("model.gpt.qk_norm=true", HIGH),
@@ -158,11 +162,12 @@ def speeds(shapes: list[tuple[str, ...]], splits, log=print) -> dict[tuple[str, 
 
 
 # -- training --------------------------------------------------------------------------------------------------------
-def train_run(sets: tuple[str, ...], splits, seed: int, steps: int = STEPS) -> tuple[dict, torch.nn.Module]:
+def train_run(sets: tuple[str, ...], splits, seed: int, steps: int = STEPS,
+              eval_every: int = EVAL_EVERY) -> tuple[dict, torch.nn.Module]:
     """One run of the config with `sets`, from `seed`: (train_lm's result, the trained model)."""
     cfg = load(sets)
     model = models.build(cfg.model, splits.info, seed)
-    result = train_lm(model, [train.build_optimizer(model, cfg.optim)], cfg, splits, seed, steps, EVAL_EVERY,
+    result = train_lm(model, [train.build_optimizer(model, cfg.optim)], cfg, splits, seed, steps, eval_every,
                       VAL_WINDOWS)
     return result, model
 

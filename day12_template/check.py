@@ -46,12 +46,14 @@ sys.path.insert(0, str(HERE))  # the day's demo and labs
 sys.path.insert(0, str(TEMPLATE))  # the package, imported as its own scripts import it
 sys.path.insert(0, str(TEMPLATE / "tests"))  # the helpers the template's own tests share
 
+import architecture_lab as arch_lab
 import drills_lab
 import main as demo
 import muon_lab
 import rnn_to_attention_lab as rnn_lab
 import same_numbers
 import zero_lab
+from lab_training import spread
 from train_template import (checkpoint, compare_runs, config, data, distributed, doctor, memory, models,
                             runlock, runlog, signals, tasks, text, train)
 from train_template import troubleshoot as ts
@@ -64,7 +66,7 @@ from sprint.gates import Gates, run_this_file
 from sprint.measure import one_thread
 
 gates = Gates(__file__)
-for _m in (checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, rnn_lab, runlog,
+for _m in (arch_lab, checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, rnn_lab, runlog,
            train, checks):
     assert HERE in Path(_m.__file__).parents, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
 
@@ -1123,6 +1125,63 @@ def test_without_attention_a_seq2seq_lstm_forgets_long_sequences_and_attention_r
                 rnn_lab.accuracy(plain, short) - rnn_lab.accuracy(plain, long), ">=", 0.3)
     gates.check(f"reversing digits, seed {seed}: share right at length {long}, with attention - without",
                 rnn_lab.accuracy(attending, long) - rnn_lab.accuracy(plain, long), ">=", 0.15)
+
+
+# --- what each part of a modern GPT buys (architecture_lab.py) -----------------------------------------------------
+# The lab trains 300 steps; the gates repeat, shorter, effects that held on its every seed: 120 steps show post-norm's
+# stall and RoPE's lead; QK-norm's lead at lr 1e-2 needs 200 (at 120 the worse seed's was 0.001).
+ARCH_GATE_STEPS, QK_GATE_STEPS = 120, 200
+
+
+@functools.cache
+def arch_setup() -> tuple:
+    """The lab's data (windows of 64 and of 128 characters) and its table of runs."""
+    splits = data.build(arch_lab.load(()).data, 0)
+    longer = data.build(arch_lab.load((f"data.shakespeare.block_size={arch_lab.LONG}", *arch_lab.ROTARY)).data, 0)
+    return splits, longer, arch_lab.runs(splits.info)
+
+
+@functools.cache
+def arch_run(name: str, seed: int, steps: int = ARCH_GATE_STEPS) -> tuple[dict, nn.Module]:
+    """The lab's run `name` on `seed`, evaluated after its last step only (each run once per session, shared by the
+    gates)."""
+    splits, _, table = arch_setup()
+    return arch_lab.train_run(table[name], splits, seed, steps, eval_every=steps)
+
+
+@pytest.mark.parametrize("depth", arch_lab.DEPTHS)
+def test_the_labs_deeper_and_wider_gpts_hold_the_gpt2_blocks_parameters_within_two_percent(depth):
+    splits, _, table = arch_setup()
+    ratio = arch_lab.params(splits.info, table[f"{depth} layers"]) / arch_lab.params(splits.info)
+    gates.check(f"|parameters of {' '.join(table[f'{depth} layers'])} / the config's - 1|", abs(ratio - 1), "<", 0.02)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_post_norm_stalls_on_character_frequencies_at_the_learning_rate_where_pre_norm_learns(seed):
+    unigram = arch_lab.unigram_loss(arch_setup()[0])
+    gates.check(f"post-norm, lr {arch_lab.LR:g}, seed {seed}, {ARCH_GATE_STEPS} steps: val loss - the unigram "
+                f"loss ({unigram:.3f})", arch_run("post-norm", seed)[0]["val_loss"] - unigram, ">", -0.05)
+    gates.check("pre-norm (the GPT-2 block), the same: val loss - the unigram loss",
+                arch_run("GPT-2 block", seed)[0]["val_loss"] - unigram, "<", -0.3)
+
+
+@pytest.mark.parametrize("change, reference, steps", [("RoPE", "no positions", ARCH_GATE_STEPS),
+                                                      ("QK-norm, lr 1e-2", "GPT-2 block, lr 1e-2", QK_GATE_STEPS)])
+def test_a_change_that_won_on_every_seed_of_the_lab_wins_on_both_seeds_here(change, reference, steps):
+    delta = [arch_run(change, seed, steps)[0]["val_loss"] - arch_run(reference, seed, steps)[0]["val_loss"]
+             for seed in (0, 1)]
+    gates.check(f"{change} against {reference}, {steps} steps: val loss difference, worse of seeds 0 and 1",
+                max(delta), "<", 0.0)
+
+
+def test_rope_reads_windows_twice_its_training_context_and_learned_positions_cannot():
+    _, longer, _ = arch_setup()
+    windows = spread(longer.val, 64)
+    with pytest.raises(ValueError, match="exceed block_size 64"):
+        arch_run("GPT-2 block", 0)[1](windows[0])
+    trained, beyond = arch_lab.loss_by_position(arch_run("RoPE", 0)[1], windows, 64)
+    gates.check(f"RoPE, seed 0, {ARCH_GATE_STEPS} steps, windows of {arch_lab.LONG}: val loss at positions 64-127 - "
+                f"at 0-63", beyond - trained, "<", 0.15)
 
 
 # --- the engineering chapter's drills (drills_lab.py) ----------------------------------------------------------------

@@ -18,7 +18,8 @@ def tiny_gpt(seed: int = 0, **overrides) -> gpt.GPT:
 
 # Each option of [model.gpt] alone, then a modern GPT's all at once (Llama's parts, Gemma's cap, an untied head).
 MODERN = dict(norm="rmsnorm", position="rope", mlp="swiglu", qk_norm=True, logit_softcap=30.0, tie_embeddings=False)
-OPTIONS = {"rmsnorm": dict(norm="rmsnorm"), "rope": dict(position="rope"), "swiglu": dict(mlp="swiglu"),
+OPTIONS = {"rmsnorm": dict(norm="rmsnorm"), "rope": dict(position="rope"), "nope": dict(position="none"),
+           "swiglu": dict(mlp="swiglu"),
            "relu2": dict(mlp="relu2"), "qk_norm": dict(qk_norm=True), "softcap": dict(logit_softcap=30.0),
            "untied": dict(tie_embeddings=False), "post-norm": dict(norm_placement="post"), "modern": MODERN}
 

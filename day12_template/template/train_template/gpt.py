@@ -153,8 +153,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Token embeddings (+ learned position embeddings, unless rotary), `n_layer` blocks, a final norm (pre-norm
-    only) and a head, tied to the token embedding unless `tie_embeddings=False`; logits optionally soft-capped."""
+    """Token embeddings (+ learned position embeddings, unless rotary or none), `n_layer` blocks, a final norm
+    (pre-norm only) and a head, tied to the token embedding unless `tie_embeddings=False`; logits optionally
+    soft-capped."""
 
     checkpointing = False  # set True from outside to recompute each block in backward (training only)
 

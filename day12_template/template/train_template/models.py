@@ -179,8 +179,9 @@ class GPTTable:
     norm: str = opt("layernorm", "layernorm (GPT-2) | rmsnorm (Llama: no centring, no bias; a little cheaper)",
                     choices=("layernorm", "rmsnorm"))
     position: str = opt("learned", "learned (GPT-2: an embedding per position, block_size of them) | rope (rotary: "
-                        "queries and keys turned by their position, so attention sees relative ones; no parameters)",
-                        choices=("learned", "rope"))
+                        "queries and keys turned by their position, so attention sees relative ones; no parameters) | "
+                        "none (NoPE: only the causal mask tells a position how many came before it)",
+                        choices=("learned", "rope", "none"))
     mlp: str = opt("gelu", "gelu (GPT-2, 4x wide) | swiglu (PaLM, Llama: gated, 8/3x wide for the same parameters) | "
                    "relu2 (ReLU squared: Primer, modded-nanogpt)", choices=("gelu", "swiglu", "relu2"))
     qk_norm: bool = opt(False, "RMS-normalise each head's queries and keys before attention: bounded attention "
