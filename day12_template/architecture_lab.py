@@ -212,8 +212,8 @@ def measure(table: dict, splits, long_splits, seeds, log=print) -> dict:
 
 
 def equal_time(table: dict, ms: dict, splits, seeds, log=print) -> dict:
-    """For each change whose step costs more or less than its reference's by over TOLERANCE: its steps in the
-    reference's time, and its val loss after them on every seed."""
+    """{(change, reference): its steps in the reference's time, and its val loss after them on every seed} for each
+    comparison whose change's step costs more or less than its reference's by over TOLERANCE."""
     out = {}
     for change, reference, _ in COMPARISONS:
         ratio = ms[architecture(table[change])] / ms[architecture(table[reference])]
@@ -221,8 +221,8 @@ def equal_time(table: dict, ms: dict, splits, seeds, log=print) -> dict:
             continue
         steps = round(STEPS / ratio)
         losses = {seed: train_run(table[change], splits, seed, steps)[0]["val_loss"] for seed in seeds}
-        log(f"{change} at equal time ({steps} steps): " + ", ".join(f"{v:.4f}" for v in losses.values()))
-        out[change] = {"steps": steps, "val_loss": losses}
+        log(f"{change} at equal time with {reference} ({steps} steps): " + ", ".join(f"{v:.4f}" for v in losses.values()))
+        out[change, reference] = {"steps": steps, "val_loss": losses}
     return out
 
 
@@ -241,7 +241,7 @@ def compare(table: dict, results: dict, at_time: dict, ms: dict, counts: dict, s
     rows = []
     for change, reference, question in COMPARISONS:
         steps = {str(seed): results[change, seed]["val_loss"] - results[reference, seed]["val_loss"] for seed in seeds}
-        timed = at_time.get(change)
+        timed = at_time.get((change, reference))
         by_time = steps if timed is None else {
             str(seed): timed["val_loss"][seed] - results[reference, seed]["val_loss"] for seed in seeds}
         rows.append({
@@ -273,9 +273,9 @@ def markdown(res: dict) -> str:
         at_steps = ", ".join(f"{d:+.4f}" for d in r["delta_at_steps"].values())
         at_time = "= equal steps" if r["equal_time_steps"] == STEPS else (
             f"{r['equal_time_steps']}: " + ", ".join(f"{d:+.4f}" for d in r["delta_at_time"].values()))
-        lines.append(f"| {r['change']} | {r['reference']} | {r['params']:,} | "
-                     f"{1000 * tokens / r['ms_per_step']:,.0f} ({1000 * tokens / r['reference_ms_per_step']:,.0f}) | {at_steps} ({r['verdict_at_steps']}) | {at_time} "
-                     f"({r['verdict_at_time']}) |")
+        speed = f"{1000 * tokens / r['ms_per_step']:,.0f} ({1000 * tokens / r['reference_ms_per_step']:,.0f})"
+        lines.append(f"| {r['change']} | {r['reference']} | {r['params']:,} | {speed} | {at_steps} "
+                     f"({r['verdict_at_steps']}) | {at_time} ({r['verdict_at_time']}) |")
     lines += ["", "Validation loss after the last step:", "",
               "| run | `--set`s | " + " | ".join(f"seed {s}" for s in seeds) + " |",
               "|---|---|" + "---:|" * len(seeds)]
