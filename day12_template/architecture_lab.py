@@ -5,13 +5,14 @@ equal training time.
     python architecture_lab.py --out results                 # results/architecture.json, .md and .png
     python architecture_lab.py --out /tmp/arch --seeds 0 1 2 3
 
-Each change is one or two `--set`s of train.py (the RUNS table), so that any row can be rerun as a full training
-run. Every run trains STEPS steps the labs' way (lab_training.py: the same windows, batch, AdamW, warmup + cosine,
+Each change is one or two `--set`s of train.py (`runs()`), so that any row can be rerun as a full training run.
+Every run trains STEPS steps the labs' way (lab_training.py: the same windows, batch, AdamW, warmup + cosine,
 clipping) at LR, the learning rate rnn_to_attention_lab's sweep chose for this GPT on validation, or where the row
 says so at LOW_LR or HIGH_LR (ten times the config's: drills_lab measured the GPT-2 block training worse there). No
-change gets a learning rate of its own, so a change that would want another one is judged at the reference's. The figure is the
-validation loss (VAL_WINDOWS windows spread over the held-out works) after the last step, and each change is set
-against its reference on the same seed (the same initial draws where the shapes agree, the same data order):
+change gets a learning rate of its own, so a change that would want another one is judged at the reference's. The
+figure is the validation loss (VAL_WINDOWS windows spread over the held-out works) after the last step, and each
+change is set against its reference on the same seed (the same initial draws where the shapes agree, the same data
+order):
 
 - warmup: the GPT-2 block without its warmup;
 - norm placement: post-norm (the 2017 Transformer) against pre-norm, with the warmup, without it, and at LOW_LR;
@@ -221,7 +222,8 @@ def equal_time(table: dict, ms: dict, splits, seeds, log=print) -> dict:
             continue
         steps = round(STEPS / ratio)
         losses = {seed: train_run(table[change], splits, seed, steps)[0]["val_loss"] for seed in seeds}
-        log(f"{change} at equal time with {reference} ({steps} steps): " + ", ".join(f"{v:.4f}" for v in losses.values()))
+        scores = ", ".join(f"{v:.4f}" for v in losses.values())
+        log(f"{change} at equal time with {reference} ({steps} steps): {scores}")
         out[change, reference] = {"steps": steps, "val_loss": losses}
     return out
 
@@ -332,7 +334,8 @@ def main(argv=None) -> dict:
     at_time = equal_time(table, ms, splits, args.seeds)
     res = {"config": CONFIG.name, "machine": runlog.cpu_name(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "batch": cfg.train.batch_size, "block_size": splits.info.block_size,
-           "seeds": args.seeds, "unigram_loss": unigram_loss(splits), "runs": {name: list(sets) for name, sets in table.items()}, "params": counts,
+           "seeds": args.seeds, "unigram_loss": unigram_loss(splits),
+           "runs": {name: list(sets) for name, sets in table.items()}, "params": counts,
            "val_loss": {name: {str(s): results[name, s]["val_loss"] for s in args.seeds} for name in table},
            "curves": {name: {str(s): results[name, s]["curve"] for s in args.seeds} for name in table},
            "rows": compare(table, results, at_time, ms, counts, args.seeds),

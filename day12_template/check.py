@@ -66,8 +66,8 @@ from sprint.gates import Gates, run_this_file
 from sprint.measure import one_thread
 
 gates = Gates(__file__)
-for _m in (arch_lab, checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, rnn_lab, runlog,
-           train, checks):
+for _m in (arch_lab, checkpoint, config, data, demo, doctor, drills_lab, faults, memory, models, muon_lab, rnn_lab,
+           runlog, train, checks):
     assert HERE in Path(_m.__file__).parents, f"imported {_m.__name__} from {_m.__file__}, not from {HERE}"
 
 # TINY overfitting: 64 training images, 4 steps an epoch; the best evaluation comes early, early stopping ends it.
