@@ -193,6 +193,11 @@ def unigram_loss(splits) -> float:
     return -log_freq[y].mean().item()
 
 
+def longer_splits(seed: int):
+    """The data cut into windows of LONG characters (the rotary model's config, which has room for them)."""
+    return data.build(load((f"data.shakespeare.block_size={LONG}", *ROTARY)).data, seed)
+
+
 def longer_context(model, long_splits, trained: int) -> dict:
     """The rotary model on windows of LONG characters: its loss at the positions it trained on and beyond them."""
     before, beyond = loss_by_position(model, spread(long_splits.val, VAL_WINDOWS), trained)
@@ -326,7 +331,7 @@ def main(argv=None) -> dict:
     cfg = load(())
     train.seed_everything(cfg.run.seed, deterministic=False)
     splits = data.build(cfg.data, cfg.run.seed)
-    long_splits = data.build(load((f"data.shakespeare.block_size={LONG}", *ROTARY)).data, cfg.run.seed)
+    long_splits = longer_splits(cfg.run.seed)
     table = runs(splits.info)
     counts = {name: params(splits.info, sets) for name, sets in table.items()}
     ms = speeds(sorted({architecture(sets) for sets in table.values()}), splits)

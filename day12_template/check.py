@@ -1137,8 +1137,7 @@ ARCH_GATE_STEPS, QK_GATE_STEPS = 120, 200
 def arch_setup() -> tuple:
     """The lab's data (windows of 64 and of 128 characters) and its table of runs."""
     splits = data.build(arch_lab.load(()).data, 0)
-    longer = data.build(arch_lab.load((f"data.shakespeare.block_size={arch_lab.LONG}", *arch_lab.ROTARY)).data, 0)
-    return splits, longer, arch_lab.runs(splits.info)
+    return splits, arch_lab.longer_splits(0), arch_lab.runs(splits.info)
 
 
 @functools.cache
