@@ -1155,6 +1155,7 @@ def test_the_labs_deeper_and_wider_gpts_hold_the_gpt2_blocks_parameters_within_t
     gates.check(f"|parameters of {' '.join(table[f'{depth} layers'])} / the config's - 1|", abs(ratio - 1), "<", 0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_post_norm_stalls_on_character_frequencies_at_the_learning_rate_where_pre_norm_learns(seed):
     unigram = arch_lab.unigram_loss(arch_setup()[0])
@@ -1164,6 +1165,7 @@ def test_post_norm_stalls_on_character_frequencies_at_the_learning_rate_where_pr
                 arch_run("GPT-2 block", seed)[0]["val_loss"] - unigram, "<", -0.3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, reference, steps", [("RoPE", "no positions", ARCH_GATE_STEPS),
                                                       ("QK-norm, lr 1e-2", "GPT-2 block, lr 1e-2", QK_GATE_STEPS)])
 def test_a_change_that_won_on_every_seed_of_the_lab_wins_on_both_seeds_here(change, reference, steps):
@@ -1173,6 +1175,7 @@ def test_a_change_that_won_on_every_seed_of_the_lab_wins_on_both_seeds_here(chan
                 max(delta), "<", 0.0)
 
 
+@pytest.mark.slow
 def test_rope_reads_windows_twice_its_training_context_and_learned_positions_cannot():
     _, longer, _ = arch_setup()
     windows = spread(longer.val, 64)

@@ -352,6 +352,7 @@ def interview_evidence() -> dict[int, list[tuple[str, str]]]:
     """INTERVIEW.md: under each answer, the figures that back it, each with the command that writes them."""
     d2, d3, d4, d5, d6, d6o = load(2), load(3), load(4), load(5, "timing.json"), load(6), load(6, "overfit.json")
     d7, d9n, d10, d10l = load(7), load(9, "norms.json"), load(10), load(10, "levers.json")
+    rnn, arch = load(12, "rnn_to_attention.json"), load(12, "architecture.json")
     views, saves = load(1, "report.json")["lessons"]["views"], d2["detach_vs_no_grad"]
     table12 = ROOT / DAYS[10] / "results"
     chains = d6["chains"].values()
@@ -421,7 +422,37 @@ def interview_evidence() -> dict[int, list[tuple[str, str]]]:
               f"{optimised['ratio']:.1%} ({optimised['verdict']}); epoch {naive['epoch_s']:.1f} s → "
               f"{optimised['epoch_s']:.1f} s ({naive['epoch_s'] / optimised['epoch_s']:.1f}×) at "
               f"{naive['test_acc']:.2%} → {optimised['test_acc']:.2%} test accuracy")],
+        13: [("python day12_template/rnn_to_attention_lab.py --out day12_template/results", reversal_line(rnn)),
+             ("python day12_template/rnn_to_attention_lab.py --out day12_template/results", "memory of a forward + "
+              "backward grows as T^k: " + "; ".join(f"{name} k = {c['memory_exponent']:.2f}"
+                                                   for name, c in rnn["contexts"].items()))],
+        14: [("python day12_template/architecture_lab.py --out day12_template/results --seeds 0 1 2 3",
+              norm_placement_line(arch)),
+             ("python day12_template/architecture_lab.py --out day12_template/results --seeds 0 1 2 3",
+              "QK-norm at lr 1e-2, val loss minus the plain block's there, per seed: "
+              + joined(arch_row(arch, "QK-norm, lr 1e-2")["delta_at_steps"].values(), "+.3f"))],
     }
+
+
+def reversal_line(rnn: dict) -> str:
+    """rnn_to_attention_lab's seq2seq reversal: the share right at its longest length, without and with attention."""
+    longest = max(rnn["reversal"]["rows"][0]["accuracy"], key=int)
+    share = {(r["seed"], r["attention"]): r["accuracy"][longest] for r in rnn["reversal"]["rows"]}
+    seeds = sorted({seed for seed, _ in share})
+    return (f"reversing {longest} digits, share right without / with attention: "
+            + "; ".join(f"seed {s} {share[s, False]:.0%} / {share[s, True]:.0%}" for s in seeds))
+
+
+def arch_row(arch: dict, change: str) -> dict:
+    return next(r for r in arch["rows"] if r["change"] == change)
+
+
+def norm_placement_line(arch: dict) -> str:
+    """architecture_lab's post-norm at the lab's learning rate and at a tenth of it, against pre-norm."""
+    post, low = arch["val_loss"]["post-norm"], arch_row(arch, "post-norm, lr 3e-4")["delta_at_steps"]
+    return (f"at lr 3e-3, post-norm's val loss per seed {joined(post.values(), '.3f')} (predicting each character's "
+            f"frequency: {arch['unigram_loss']:.3f}), pre-norm's {joined(arch['val_loss']['GPT-2 block'].values(), '.3f')}"
+            f"; at lr 3e-4 post-norm ends {joined(low.values(), '+.3f')} behind pre-norm")
 
 
 def yes_no(value: bool) -> str:
@@ -434,7 +465,7 @@ def interview(n: int) -> str:
 
 
 BLOCKS = {"days": days_table, "results": results_table, "machines": machine_line,
-          **{f"interview-{n}": partial(interview, n) for n in range(1, 13)}}
+          **{f"interview-{n}": partial(interview, n) for n in range(1, 15)}}
 
 
 # --- the blocks -----------------------------------------------------------------------------------------------------
