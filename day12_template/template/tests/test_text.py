@@ -131,13 +131,15 @@ def test_tokens_reads_nanogpt_meta_pkl_and_test_bin(tmp_path):
 
 
 def test_a_kept_vocabulary_is_json_and_has_the_fingerprint_of_the_meta_pkl_it_came_from(tmp_path):
-    """What a run folder keeps (vocabulary_json) decodes as its data does: nanoGPT's meta.pkl with stoi only, read
+    """What a run folder keeps (vocabulary_files) decodes as its data does: nanoGPT's meta.pkl with stoi only, read
     back from a meta.json of plain strings."""
     stoi_only = {"vocab_size": 13, "stoi": {s: i for i, s in CHAR_META["itos"].items()}}
     root = write_tokens(tmp_path / "data", list(range(13)) * 3, [0, 1, 2, 3, 4], stoi_only, pkl=True)
     kept = tmp_path / "run"
     kept.mkdir()
-    (kept / "meta.json").write_text(text.vocabulary_json(str(root)))
+    files = text.vocabulary_files(str(root))
+    assert list(files) == ["meta.json"]
+    (kept / "meta.json").write_text(files["meta.json"])
     fingerprints = [text.tokens(str(root), 4, 0, 0).vocab, text.tokenizer("tokens", str(root)).fingerprint,
                     text.tokenizer("tokens", str(kept)).fingerprint]
     assert len(set(fingerprints)) == 1 and fingerprints[0] != text.BYTES

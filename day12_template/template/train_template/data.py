@@ -382,10 +382,10 @@ def text_splits(read: Callable, cfg, table: TextTable) -> Splits:
     return Splits(s.train, s.val, s.test, TextInfo(s.vocab_size, s.block_size, s.bytes_per_token, s.vocab))
 
 
-def kept_vocabulary(cfg) -> str | None:
+def kept_vocabulary(cfg) -> dict[str, str]:
     """What a run folder keeps to decode its samples without the data (sample.py): a tokens folder's vocabulary, as
-    the text of a meta.json (text.vocabulary_json); None for other datasets (bytes need none, images no decoding)."""
-    return text.vocabulary_json(cfg.root) if cfg.dataset == "tokens" else None
+    files {name: text} (text.vocabulary_files); none for other datasets (bytes need none, images no decoding)."""
+    return text.vocabulary_files(cfg.root) if cfg.dataset == "tokens" else {}
 
 
 @register("shakespeare", TextTable, task="lm")

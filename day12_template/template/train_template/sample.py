@@ -12,8 +12,9 @@ window rule past the model's block size); any other runs on the whole context fo
 The text is printed as it is made; Ctrl-C stops it and keeps what was printed.
 Vocabularies it decodes, as the run's data describes them: bytes (the shakespeare dataset), or a tokens folder's
 meta.json/meta.pkl itos (or stoi) of single characters or longer token strings (subwords: the prompt is split by
-greedy longest match, not necessarily the tokenizer's own split). A tokens run keeps its vocabulary in its run folder
-(meta.json), so the folder alone samples on any machine; older runs read the data.root their checkpoint recorded. A
+greedy longest match, not necessarily the tokenizer's own split), or the BPE of prepare.py --tokens bpe (tokenizer.json:
+the prompt is split by the BPE itself). A tokens run keeps its vocabulary in its run folder (meta.json, and
+tokenizer.json), so the folder alone samples on any machine; older runs read the data.root their checkpoint recorded. A
 meta file without strings (GPT-2's ids from tiktoken) is refused in one line saying what to write into it, and one
 whose vocabulary is not the checkpoint's (its fingerprint differs: other strings, even of the same size) in one line.
 Exit codes: 0 done; 1 the checkpoint or the data's vocabulary cannot be read; 2 bad flags, or a vocabulary that is not

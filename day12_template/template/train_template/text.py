@@ -8,9 +8,10 @@
                  {"vocab_size": int, "dtype": "uint16"|"uint32" (optional), "itos": {id: str} or [str] (optional:
                  the token strings sample.py decodes; JSON's keys are the ids' digits 0-9)} or nanoGPT's meta.pkl
                  {"vocab_size", "stoi", "itos"}; or {"vocab_size": 256, "bytes": true}: each token is a UTF-8 byte
-                 (prepare.py --tokens bytes), decoded as the shakespeare dataset's. A run keeps the vocabulary in its
-                 folder (`vocabulary_json`), and its checkpoints its fingerprint (`vocab_fingerprint`), so that
-                 sample.py decodes with the right one.
+                 (prepare.py --tokens bytes), decoded as the shakespeare dataset's; or {"vocab_size": N,
+                 "tokenizer": "tokenizer.json"}: a byte-level BPE of Hugging Face `tokenizers` in that file beside it
+                 (prepare.py --tokens bpe). A run keeps the vocabulary in its folder (`vocabulary_files`), and its
+                 checkpoints its fingerprint (`vocab_fingerprint`), so that sample.py decodes with the right one.
 
 Shakespeare's split is by whole works, so that no scene is split across train and evaluation: VAL_WORKS and TEST_WORKS
 (below) are held out, and train is every other work in manifest order. Each split is its works' texts in manifest
@@ -250,6 +251,10 @@ def read_meta(root: Path) -> tuple[Path, dict]:
     if "bytes" in meta and (meta["bytes"] is not True or size != 256 or "itos" in meta or "stoi" in meta):
         raise TextDataError(f'{path}: "bytes": true means token ids are UTF-8 bytes: vocab_size 256 and no itos or '
                             f"stoi; got bytes={meta['bytes']!r}, vocab_size={size}")
+    if "tokenizer" in meta and (not isinstance(meta["tokenizer"], str) or Path(meta["tokenizer"]).name !=
+                                meta["tokenizer"] or {"bytes", "itos", "stoi"} & meta.keys()):
+        raise TextDataError(f'{path}: "tokenizer" names a tokenizer file beside it (prepare.py --tokens bpe writes '
+                            f'"tokenizer.json"), and then no bytes, itos or stoi; got tokenizer={meta["tokenizer"]!r}')
     itos = meta.get("itos")
     if isinstance(itos, list):
         itos = dict(enumerate(itos))
@@ -288,17 +293,20 @@ def vocab_fingerprint(vocab_size: int, strings: dict[int, str] | None) -> str:
     return hashlib.sha256(json.dumps(decoding).encode("utf-8")).hexdigest()[:16]
 
 
-def vocabulary_json(root: str) -> str:
-    """A tokens folder's vocabulary as a meta.json of its own (vocab_size and itos, JSON even from a meta.pkl): what
-    a run folder keeps so that it decodes its samples wherever it is copied, without the data."""
+def vocabulary_files(root: str) -> dict[str, str]:
+    """A tokens folder's vocabulary as files of its own, {name: text}: a meta.json (vocab_size and itos, JSON even
+    from a meta.pkl; or the name of the BPE's tokenizer.json, kept too): what a run folder keeps so that it decodes its
+    samples wherever it is copied, without the data."""
     path, meta = read_meta(Path(root))
-    strings = token_strings(meta, path)
-    kept = {"vocab_size": meta["vocab_size"]}
+    kept, files = {"vocab_size": meta["vocab_size"]}, {}
     if meta.get("bytes"):
         kept["bytes"] = True
-    if strings is not None:
+    if "tokenizer" in meta:
+        kept["tokenizer"] = meta["tokenizer"]
+        files[meta["tokenizer"]] = bpe_file(Path(root), meta["tokenizer"]).read_text(encoding="utf-8")
+    elif (strings := token_strings(meta, path)) is not None:
         kept["itos"] = {str(i): s for i, s in sorted(strings.items())}
-    return json.dumps(kept, ensure_ascii=False) + "\n"
+    return {"meta.json": json.dumps(kept, ensure_ascii=False) + "\n", **files}
 
 
 WIDTH_PROBE = 1 << 20  # tokens looked at for the tell-tale zeros of a file of the wider dtype
@@ -349,6 +357,9 @@ def tokens(root: str, block_size: int, eval_windows: int, subset: int) -> TextSp
     fingerprint = vocab_fingerprint(vocab_size, token_strings(meta, meta_path))
     if meta.get("bytes"):
         bytes_per_token, fingerprint = torch.ones(256, dtype=torch.float64), BYTES
+    elif "tokenizer" in meta:
+        bpe = BPETokenizer(bpe_file(folder, meta["tokenizer"]), vocab_size)
+        bytes_per_token, fingerprint = bpe.bytes_per_token(), bpe.fingerprint
     elif itos is not None and all(i in itos for i in range(vocab_size)):
         bytes_per_token = torch.tensor([len(itos[i].encode("utf-8")) for i in range(vocab_size)],
                                        dtype=torch.float64)
@@ -430,6 +441,61 @@ class VocabTokenizer:
         return decode
 
 
+def bpe_file(folder: Path, name: str) -> Path:
+    path = folder / name
+    if not path.is_file():
+        raise TextDataError(f"{path} not found, named by {folder / 'meta.json'}: the BPE's tokenizer file belongs "
+                            f"beside it (prepare.py --tokens bpe writes both)")
+    return path
+
+
+class BPETokenizer:
+    """A byte-level BPE of Hugging Face `tokenizers` (prepare.py --tokens bpe). Byte-level: each character of a
+    token's string stands for one byte (GPT-2's map of the 256 bytes to printable characters), so any text encodes,
+    and a token's UTF-8 bytes are its string's length."""
+
+    def __init__(self, path: Path, vocab_size: int):
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise TextDataError(f"{path} is a tokenizer of Hugging Face tokenizers, which is not installed: "
+                                f"pip install tokenizers (or the template's extra: pip install -e '.[bpe]')") from None
+        try:
+            self.hf = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the library's own parse error: one line naming the file
+            raise TextDataError(f"{path} is not a tokenizer file that tokenizers reads ({exc}): write it again "
+                                f"with prepare.py --tokens bpe") from None
+        self.strings = {i: s for s, i in self.hf.get_vocab().items()}
+        if sorted(self.strings) != list(range(vocab_size)):
+            raise TextDataError(f"{path} holds {len(self.strings):,} token ids, not the ids 0..{vocab_size - 1} of "
+                                f"its meta.json's vocab_size: the two files do not belong together")
+        self.vocab_size, self.path = vocab_size, path
+        self.fingerprint = vocab_fingerprint(vocab_size, self.strings)
+
+    def bytes_per_token(self) -> torch.Tensor:
+        return torch.tensor([len(self.strings[i]) for i in range(self.vocab_size)], dtype=torch.float64)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids)
+
+    def decoder(self) -> Callable[..., str]:
+        """The text decoded so far, less a character whose bytes are still arriving (decode's U+FFFD at the end)."""
+        ids, shown = [], 0
+
+        def decode(new: list[int], final: bool = False) -> str:
+            nonlocal shown
+            ids.extend(new)
+            done = self.decode(ids) if final else self.decode(ids).rstrip("\ufffd")
+            piece = done[shown:]
+            shown += len(piece)
+            return piece
+
+        return decode
+
+
 def tokenizer(dataset: str, root: str) -> Tokenizer:
     if dataset == "shakespeare":
         return ByteTokenizer()
@@ -440,6 +506,8 @@ def tokenizer(dataset: str, root: str) -> Tokenizer:
     meta_path, meta = read_meta(Path(root))
     if meta.get("bytes"):
         return ByteTokenizer()
+    if "tokenizer" in meta:
+        return BPETokenizer(bpe_file(Path(root), meta["tokenizer"]), meta["vocab_size"])
     itos, size = token_strings(meta, meta_path), meta["vocab_size"]
     if itos is None:
         raise TextDataError(f"{meta_path} has no itos/stoi, so its token ids cannot be read as text: sample.py "

@@ -308,8 +308,8 @@ def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing:
         checkpoint.clean_stale_tmp(run_dir)  # safe: no other live run owns these files
         if warning := config.ignored(cfg):
             print(f"warning: {warning}", file=sys.stderr)
-        if vocabulary := data.kept_vocabulary(cfg.data):  # the run folder alone decodes its samples (sample.py)
-            runlog.write_atomic(run_dir / "meta.json", vocabulary)
+        for name, content in data.kept_vocabulary(cfg.data).items():  # the run folder alone decodes (sample.py)
+            runlog.write_atomic(run_dir / name, content)
     meta = runlog.metadata(device, dist.world, str(source.resolve()) if source else None)
     if continued_run:
         meta["continued_run"] = continued_run
