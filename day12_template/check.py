@@ -2222,6 +2222,30 @@ def test_data_vs_step_flags_a_slow_loader_as_data_bound(tmp_path):
                 0.20)
 
 
+def test_data_vs_step_charges_the_copy_to_the_device_to_the_data(monkeypatch):
+    """On CUDA the batch's non-blocking copy is still running when next_batch returns: a sync before the data clock
+    stops charges it to the data, not to the step. Recorded here with a fake device and a fake synchronize."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    ts.speed.data_vs_step(lambda: events.append("batch"), lambda batch: events.append("step"), torch.device("cuda"),
+                          n=1, warmup=0)
+    gates.check("data_vs_step on CUDA: the order of fetching, syncing and stepping", events, "==",
+                ["sync", "batch", "sync", "step", "sync"])
+
+
+def test_gpu_check_leaves_this_process_s_cuda_context_out_of_other_processes(monkeypatch, tmp_path):
+    """A card with nothing else on it: all that is in use besides this process's cached blocks is its own context."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * gib - 4 * gib - 0.5 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 4 * gib)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * gib)
+    case = checks.Case(cfg_of(TINY, tmp_path / "run"), Faults(), tmp_path / "doctor")
+    case.device = torch.device("cuda")
+    finding = checks.check_gpu_only(case)[0]
+    gates.check("GPU check, a card this process has alone: status", finding.status, "==", "ok")
+    assert "other processes hold about 0.0 GiB" in finding.text, finding.text
+
+
 class ItemInAHook(train.Hook):
     """A forward hook on the head that reads a value back with .item(): one more host sync per step."""
 

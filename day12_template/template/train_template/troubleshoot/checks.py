@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import config, data, runlog, text, train
+from .. import config, data, memory, runlog, text, train
 from . import lr_range
 from .case import Case
 from .checklists import Finding, markdown_cell, plan
@@ -379,11 +379,14 @@ def check_gpu_only(case: Case) -> list[Finding]:
                         "on the GPU machine: rerun this doctor, watch `nvidia-smi` (utilisation, memory, other "
                         "processes) and trace a few steps with --set profile.enabled=true")]
     free, total = torch.cuda.mem_get_info(case.device)
-    others = total - free - torch.cuda.memory_reserved(case.device)
+    outside = total - free - torch.cuda.memory_reserved(case.device)  # this process's CUDA context included
+    others = max(0.0, outside / 2**30 - memory.CONTEXT_GIB)
     peak = torch.cuda.max_memory_allocated(case.device) / total
-    return [Finding("gpu_only", "note" if peak > 0.9 or others > 2**30 else "ok",
-                    f"peak memory {100 * peak:.0f}% of {total / 2**30:.0f} GiB; other processes hold about "
-                    f"{others / 2**30:.1f} GiB; utilisation: watch `nvidia-smi` during a real run", items,
+    return [Finding("gpu_only", "note" if peak > 0.9 or others > 1 else "ok",
+                    f"peak memory {100 * peak:.0f}% of {total / 2**30:.0f} GiB; in use outside this process's "
+                    f"tensors: {outside / 2**30:.1f} GiB, of which this process's CUDA context takes about "
+                    f"{memory.CONTEXT_GIB} GiB, so other processes hold about {others:.1f} GiB; utilisation: watch "
+                    "`nvidia-smi` during a real run", items,
                     "near the limit the allocator churns: a smaller micro-batch + train.grad_accum; free the GPU of "
                     "other jobs")]
 

@@ -1,6 +1,7 @@
 """Why the device waits: data time against step time, and the host syncs a training loop makes.
 
-`data_vs_step` times, in turns, fetching the next batch and one training step on it (the device synchronised), and
+`data_vs_step` times, in turns, fetching the next batch (its copy to the device included) and one training step on it
+(the device synchronised after each), and
 classifies the ratio of their medians with Day 11's bands: below 5% the loop is compute-bound (a faster device,
 mixed precision, a larger batch help; the data pipeline does not), above 20% it is data-bound (workers, pinned
 memory, lighter augmentation, a faster storage format).
@@ -40,6 +41,7 @@ def data_vs_step(next_batch, step, device: torch.device, n: int = 20, warmup: in
         sync()
         t0 = time.perf_counter()
         batch = next_batch()
+        sync()  # a non-blocking copy to the device belongs to the data's time, not the step's
         t1 = time.perf_counter()
         step(batch)
         sync()
