@@ -44,6 +44,22 @@ def test_estimated_activations_are_the_bytes_a_real_gpt_forward_saves(corpus):
     assert abs(estimated / measured - 1) <= 0.01, (estimated, measured)
 
 
+def test_a_cuda_estimate_keeps_no_attention_matrix_and_one_byte_dropout_masks(corpus):
+    """With dropout, CUDA's fused attention keeps what it keeps without (it draws the mask inside the kernel from a
+    seed and an offset) and CUDA's dropout keeps a 1-byte mask: a GPT's CUDA activations with dropout are those
+    without it, plus one byte per element of each residual dropout (the embeddings', two per block), plus a seed and
+    an offset per attention call. The CPU's count is far above that: its attention with dropout keeps T x T
+    matrices."""
+    with_dropout, without = (load("shakespeare_cpu.toml", "train.batch_size=4", f"model.gpt.dropout={p}", root=corpus)
+                             for p in (0.2, 0.0))
+    info, gpt = memory.info_of(without), without.model.gpt
+    masks = (1 + 2 * gpt.n_layer) * 4 * info.block_size * gpt.n_embd
+    cuda, cpu = ([memory.activations(cfg, info, 4, device)[0] for cfg in (with_dropout, without)]
+                 for device in ("cuda", "cpu"))
+    assert cuda[0] - cuda[1] == masks + 16 * gpt.n_layer, cuda
+    assert cpu[0] - cpu[1] > 10 * masks, cpu
+
+
 # Measured on torch 2.14 (estimate / CPU step peak): 0.936 at batch 1 (AdamW's step peaks; the CPU's single-tensor
 # AdamW holds the previous parameter's denominator too, one more temporary than counted), 1.000 at batch 12 (backward
 # peaks) and 1.000 with a 16,384-token vocabulary (the cross-entropy's backward peaks: two logit-sized gradients).

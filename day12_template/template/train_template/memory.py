@@ -21,22 +21,25 @@ Reported beside them, not added: `logits`, one micro-batch's in fp32 (B x T x V 
 much, in the activations), and for a GPT `activations_formula`, the curriculum's Megatron-LM estimate
 n_layer x s·b·h·(34 + 5·a·s/h) for 2-byte activations, doubled when training in fp32 (no autocast).
 The model is built on the meta device and run on fake tensors (FakeTensorMode): the shapes, dtypes and kernel choices
-of a CPU forward without data or arithmetic, so GPT-2 takes a fraction of a second. The choices are the CPU's: with
-attention dropout its SDPA takes the math path and saves the T x T attention weights, which CUDA's flash kernel does
-not, so a GPT with dropout is overestimated for CUDA (shakespeare_gpu: 2.5x the activations of dropout 0). A model
-whose shapes depend on its data's values cannot run on fake tensors.
+of a CPU forward without data or arithmetic, so GPT-2 takes a fraction of a second. For a CUDA estimate (the default)
+attention and dropout save what CUDA's kernels save (`CudaKernels`: the CPU's attention with dropout would keep
+T x T matrices that CUDA's fused kernels do not); the autocast dtypes are the CPU's. A model whose shapes depend on
+its data's values cannot run on fake tensors.
 Not counted: the CUDA context, cuBLAS/cuDNN workspaces (fixed, tens of MB: `cuda_library_bytes()` measures them),
 allocator rounding and fragmentation; `--cards` allows CONTEXT_GIB for them. With activation checkpointing only what is
 kept is counted.
 """
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import weakref
 
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -100,6 +103,27 @@ class LiveBytes(TorchDispatchMode):
             self.live -= nbytes
 
 
+class CudaKernels(TorchFunctionMode):
+    """Attention and dropout saved as CUDA's kernels save them, on the CPU. CUDA's fused attention (flash or
+    memory-efficient) draws its dropout inside the kernel from a seed and an offset (two int64 it saves) and keeps no
+    T x T matrix; the CPU's flash kernel at dropout 0 saves the same tensors (q, k, v, the output and its logsumexp),
+    while the CPU's attention with dropout takes the math path, which keeps the attention weights and their mask.
+    CUDA's dropout keeps a 1-byte mask (native_dropout), the CPU's one in the activation dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.fused_dropouts = 0  # attention calls whose dropout the fused kernel draws
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and kwargs.get("dropout_p", 0.0) > 0:
+            self.fused_dropouts += 1
+            return func(*args, **{**kwargs, "dropout_p": 0.0})
+        if func is F.dropout and kwargs["p"] > 0 and kwargs["training"]:  # F.dropout passes them by name
+            return torch.native_dropout(args[0], kwargs["p"], True)[0]
+        return func(*args, **kwargs)
+
+
 def saved_bytes(fn, *skip) -> int:
     with SavedBytes(*skip) as counter:
         fn()
@@ -130,18 +154,21 @@ def fake_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for name, t in [*model.named_parameters(), *model.named_buffers()]}
 
 
-def activations(cfg: config.Config, info, batch: int) -> tuple[int, list[int], int]:
+def activations(cfg: config.Config, info, batch: int, device: str = "cpu") -> tuple[int, list[int], int]:
     """(bytes saved for backward, each saved storage's bytes in the order they were saved, the logits in fp32) for
     one forward and loss at `batch`: the model is built on the meta device (no initialisation) and called on fake CPU
-    tensors of its parameters and buffers."""
+    tensors of its parameters and buffers; for `device` cuda, attention and dropout save what CUDA's kernels save
+    (CudaKernels)."""
     model = models.build(cfg.model, info, device="meta")
+    kernels = CudaKernels() if device == "cuda" else contextlib.nullcontext()
     with FakeTensorMode():
         tensors = fake_tensors(model)
         x, y = sample_batch(info, batch)
-        with SavedBytes(*tensors.values(), x, y) as counter, models.autocast(cfg.train, "cpu")():
+        with SavedBytes(*tensors.values(), x, y) as counter, models.autocast(cfg.train, "cpu")(), kernels:
             logits = torch.func.functional_call(model, tensors, (x,))
             tasks.for_dataset(cfg.data.dataset, info).loss(logits, y)
-    return sum(counter.storages.values()), list(counter.storages.values()), logits.numel() * 4
+    saved = list(counter.storages.values()) + [16] * getattr(kernels, "fused_dropouts", 0)  # a seed and an offset
+    return sum(saved), saved, logits.numel() * 4
 
 
 def evaluation(cfg: config.Config, info, batch: int) -> int:
@@ -179,7 +206,7 @@ class Estimator:
         self.params = sum(p.numel() for p in model.parameters())
         self.largest_param = max(p.numel() for p in model.parameters()) * 4
         self.sample_bytes = sum(t.nbytes for t in sample_batch(info, 1))
-        self.at_1, self.at_2 = activations(cfg, info, 1), activations(cfg, info, 2)
+        self.at_1, self.at_2 = activations(cfg, info, 1, device), activations(cfg, info, 2, device)
         self.eval_1, self.eval_2 = evaluation(cfg, info, 1), evaluation(cfg, info, 2)
 
     def __call__(self, micro: int) -> dict:
