@@ -49,6 +49,7 @@ sys.path.insert(0, str(TEMPLATE / "tests"))  # the helpers the template's own te
 import architecture_lab as arch_lab
 import drills_lab
 import main as demo
+import modern_lab
 import muon_lab
 import rnn_to_attention_lab as rnn_lab
 import same_numbers
@@ -179,6 +180,38 @@ def test_a_rank_whose_peer_died_stops_with_one_line_and_exit_1(monkeypatch, caps
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(RuntimeError):  # one process has no peer to lose: the traceback stays
         train.exit_with(lost_peer)
+
+
+class PutInAHook(train.Hook):
+    """A forward hook on the head that writes with put_(accumulate=False): an op with no deterministic kernel (on
+    CUDA, the fused attention's fast backward is another, which warn_only would keep)."""
+
+    def attach(self, model, module, progress):
+        model.head.register_forward_hook(self.put)
+
+    @staticmethod
+    def put(module, args, out):
+        index, values = torch.tensor([0, 0], device=out.device), torch.tensor([1.0, 2.0], device=out.device)
+        out.detach().clone().put_(index, values)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_an_op_without_a_deterministic_kernel_stops_a_deterministic_run_in_one_line_naming_it(deterministic,
+                                                                                              tmp_path, capsys):
+    def main() -> int:
+        train.run(cfg_of({**TINY, "train.max_steps": 2, "run.deterministic": deterministic}, tmp_path / "run"),
+                  [PutInAHook()])
+        return 0
+
+    with pytest.raises(SystemExit) as ended:
+        train.exit_with(main)
+    err = capsys.readouterr().err.strip()
+    if deterministic:
+        gates.check("run.deterministic = true, a put_ in a hook: exit code, one line naming the op and the way out",
+                    [ended.value.code, len(err.splitlines()), "put_" in err, "run.deterministic=false" in err], "==",
+                    [1, 1, True, True])
+    else:
+        gates.check("run.deterministic = false, the same hook: exit code", ended.value.code, "==", 0)
 
 
 def test_demo_and_memory_report_missing_data_in_one_line_exit_1(tmp_path, monkeypatch, capsys):

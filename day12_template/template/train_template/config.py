@@ -82,7 +82,8 @@ class Run:
     device: str = opt("auto", "auto = cuda -> mps -> cpu; or cpu, cuda, cuda:N, mps (torchrun: cuda:LOCAL_RANK)",
                       safe=True)
     deterministic: bool = opt(True, "deterministic kernels, cuDNN autotuner off: repeatable runs and exact resume "
-                              "(a little slower on GPUs)", safe=True)
+                              "(a little slower on GPUs); an op with no deterministic kernel stops the run, naming "
+                              "it", safe=True)
     tracker: str = opt("tensorboard", "where the metrics go besides metrics.jsonl: tensorboard (out_dir/tb/) | mlflow "
                        "(an MLflow store in out_dir/mlruns/, no server; pip install mlflow-skinny) | none",
                        choices=("tensorboard", "mlflow", "none"), safe=True)

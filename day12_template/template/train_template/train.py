@@ -48,10 +48,13 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)  # CPU and every CUDA device
     torch.backends.cudnn.benchmark = not deterministic  # the autotuner may pick another algorithm each run
-    # warn_only: warn, don't fail, where an op has no deterministic kernel. The switch imports the compiler's config,
-    # a start-up cost paid once per process, and only when the setting changes.
-    if torch.are_deterministic_algorithms_enabled() != deterministic:
-        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # Strict: an op with no deterministic kernel fails (exit_with says which, in one line) rather than warn, and the
+    # ops with a slower deterministic path take it (CUDA's fused attention backward keeps its faster, non-deterministic
+    # one under warn_only). The switch imports the compiler's config, a start-up cost paid once per process, and only
+    # when the setting changes.
+    if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != \
+            (deterministic, False):
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def build_model(cfg: config.Config, info, dist: distributed.Dist) -> torch.nn.Module:
@@ -589,11 +592,13 @@ def main(argv=None, hooks: list[Hook] = ()) -> int:
 
 OUT_OF_MEMORY = ("out of memory", "allocate memory")  # torch's CPU allocator; CUDA's OutOfMemoryError
 PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo, when a rank has died
+NOT_DETERMINISTIC = "does not have a deterministic implementation"  # torch, under use_deterministic_algorithms(True)
 
 
 def exit_with(main) -> None:
     """sys.exit(main()) for the entry points; quietly (141, as for SIGPIPE) when stdout's reader has gone: `| head`;
-    one line and exit 1 when memory runs out or, under torchrun, when another rank has died (RuntimeErrors both)."""
+    one line and exit 1 when memory runs out, when an op has no deterministic kernel under run.deterministic, or,
+    under torchrun, when another rank has died (RuntimeErrors all)."""
     try:
         code = main()
         sys.stdout.flush()
@@ -607,6 +612,10 @@ def exit_with(main) -> None:
         if isinstance(exc, MemoryError) or any(s in first_line for s in OUT_OF_MEMORY):
             print(f"error{where}: out of memory ({first_line}); lower train.batch_size (raise train.grad_accum) or "
                   "the model size", file=sys.stderr)
+        elif NOT_DETERMINISTIC in first_line:
+            op = first_line.split(NOT_DETERMINISTIC)[0].strip()
+            print(f"error{where}: run.deterministic = true, and {op} has no deterministic kernel on this device; "
+                  "--set run.deterministic=false runs it (two runs of one seed may then differ)", file=sys.stderr)
         elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(s in first_line for s in PEER_GONE):
             print(f"error{where}: another rank of this job has gone (killed or crashed: its log says why), so this "
                   "one stops too; resume from the last checkpoint with --set checkpoint.resume=auto",
