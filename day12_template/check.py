@@ -1219,6 +1219,26 @@ def test_rope_reads_windows_twice_its_training_context_and_learned_positions_can
                 f"at 0-63", beyond - trained, "<", 0.15)
 
 
+# --- shakespeare_modern.toml, chosen by modern_lab.py -----------------------------------------------------------------
+def test_shakespeare_modern_is_the_cpu_recipe_with_the_candidate_modern_lab_chose():
+    lab = json.loads((HERE / "results" / "modern.json").read_text())
+    modern = config.load(str(modern_lab.MODERN), [])
+    chosen_sets = lab["candidates"][lab["chosen"]]
+    chosen = config.load(str(modern_lab.CONFIG), [*chosen_sets, f"run.out_dir={modern.run.out_dir}"])
+    gates.check(f"shakespeare_modern.toml == shakespeare_cpu.toml + the --sets of modern_lab's choice "
+                f"({lab['chosen']}), output folder aside", modern == chosen, "==", True)
+
+
+def test_shakespeare_modern_s_parts_are_among_those_the_fsdp_init_and_kill_resume_gates_run():
+    """The FSDP2 meta-device build (MODERN_LM here) and the SIGKILL resume (the template's test_resume.py) run every
+    modern part at once; the config's parts must be among them, at the same values."""
+    from test_resume import MODERN
+
+    options = modern_lab.modern_options()
+    gates.check("shakespeare_modern.toml's [model.gpt] changes not run by the FSDP2 init and resume gates",
+                {k: v for k, v in options.items() if MODERN_LM.get(k) != v or MODERN.get(k) != v}, "==", {})
+
+
 # --- the engineering chapter's drills (drills_lab.py) ----------------------------------------------------------------
 def test_the_tensorboard_event_file_holds_every_logged_curve(smoke):
     curves = drills_lab.tensorboard_curves(smoke["out"])

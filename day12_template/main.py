@@ -1,9 +1,10 @@
 """Day 12 — the reusable training template, shown on every config it ships.
 
-What you keep is the template/ folder (its README.md says how to adapt it). This demo runs its loop on each config in
+What you keep is the template/ folder (its README.md says how to adapt it). This demo runs its loop on the configs in
 template/configs/: MNIST + MLP and the GPT on Shakespeare to the end (G0: > 98% test accuracy; then a sample of what
 the GPT writes), the other image configs capped at --max-steps optimizer steps, an image folder made of MNIST digits
-for configs/imagefolder.toml; the GPU and GPT-2 configs are listed, not run. Then one table: what each config
+for configs/imagefolder.toml; the GPU and GPT-2 configs are listed, not run. Not here: tokens_cpu.toml (it trains on
+your token files) and shakespeare_modern.toml (modern_lab.py trains it, beside shakespeare_cpu.toml, on two seeds). Then one table: what each config
 reached, how fast, where. Last, the troubleshooting doctor (doctor.py) on configs/mnist_mlp.toml: clean, then
 with one known bug per symptom.
 

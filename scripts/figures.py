@@ -18,6 +18,7 @@ block, its fragment and what the function makes of the results files are not all
 import inspect
 import os
 import re
+import statistics
 from functools import partial
 from pathlib import Path
 
@@ -233,7 +234,8 @@ def results_table() -> str:
     d7o, d8b, d9, d9n = load(7, "optim.json"), load(8, "bench.json"), load(9), load(9, "norms.json")
     d10, d10l = load(10), load(10, "levers.json")
     d11c, (naive, optimised) = load(11, "compile.json"), day11_stages()
-    d12n, d12m, d12d, d12b = (load(12, f"{name}.json") for name in ("nanogpt", "muon", "drills", "bench"))
+    d12n, d12m, d12d, d12b, d12mo, d12t = (load(12, f"{name}.json") for name in ("nanogpt", "muon", "drills", "bench",
+                                                                                "modern", "tokenizers"))
     relu = d4i["stds"]["relu"]
     workers = joined(r["num_workers"] for r in d5["rows"])
     chains = d6["chains"].values()
@@ -244,6 +246,7 @@ def results_table() -> str:
     first_step = d11c["compile"]["first_step_s"]
     nanogpt_runs = d12n["runs"]
     muon = d12m["seeds"]
+    modern_val = {name: losses.values() for name, losses in d12mo["val_loss"].items()}
     speed, time_ratio = day12_nanogpt()
     rows = [
         ["MLP test accuracy (G0 gate > 98%)", "`python day04_mlp_mnist/main.py`",
@@ -320,6 +323,12 @@ def results_table() -> str:
          f"test loss after 240 steps {joined((s['muon_at_steps'] for s in muon), '.3f')} vs AdamW's "
          f"{joined((s['adamw_at_steps'] for s in muon), '.3f')} (seeds 0 / 1); at equal time "
          f"{joined((s['muon_at_time'] for s in muon), '.3f')} vs {joined((s['adamw_at_time'] for s in muon), '.3f')}"],
+        ["a modern block on the CPU recipe (`shakespeare_modern.toml`)", "`python day12_template/modern_lab.py`",
+         f"val loss after {d12mo['steps']:,} steps: {d12mo['chosen']} {joined(modern_val[d12mo['chosen']], '.3f')} "
+         f"vs the GPT-2 block's {joined(next(iter(modern_val.values())), '.3f')} (seeds 0 / 1)"],
+        ["characters against BPE on the GPT", "`python day12_template/tokenizer_lab.py`",
+         f"val bits per byte after {d12t['steps']:,} steps, mean of seeds 0 and 1: " + ", ".join(
+             f"{name} {statistics.mean(row['val_bpb'].values()):.3f}" for name, row in d12t["rows"].items())],
         ["the engineering chapter's drills on the GPT", "`python day12_template/drills_lab.py`",
          f"lr {d12d['high_lr']['lr']:g}: val loss {d12d['high_lr']['val_loss']:.3f} after "
          f"{d12d['high_lr']['steps_done']} steps (the config's lr: {d12d['high_lr']['config_lr_val_loss']:.3f}); "
