@@ -2276,8 +2276,8 @@ def test_data_vs_step_flags_a_slow_loader_as_data_bound(tmp_path):
 
 
 def test_data_vs_step_charges_the_copy_to_the_device_to_the_data(monkeypatch):
-    """On CUDA the batch's non-blocking copy is still running when next_batch returns: a sync before the data clock
-    stops charges it to the data, not to the step. Recorded here with a fake device and a fake synchronize."""
+    """On CUDA the batch's non-blocking copy may still be running when next_batch returns: a sync before the data
+    clock stops charges the copy to the data, not to the step. Recorded with a fake device and a fake synchronize."""
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
     ts.speed.data_vs_step(lambda: events.append("batch"), lambda batch: events.append("step"), torch.device("cuda"),

@@ -4,9 +4,9 @@ What you keep is the template/ folder (its README.md says how to adapt it). This
 template/configs/: MNIST + MLP and the GPT on Shakespeare to the end (G0: > 98% test accuracy; then a sample of what
 the GPT writes), the other image configs capped at --max-steps optimizer steps, an image folder made of MNIST digits
 for configs/imagefolder.toml; the GPU and GPT-2 configs are listed, not run. Not here: tokens_cpu.toml (it trains on
-your token files) and shakespeare_modern.toml (modern_lab.py trains it, beside shakespeare_cpu.toml, on two seeds). Then one table: what each config
-reached, how fast, where. Last, the troubleshooting doctor (doctor.py) on configs/mnist_mlp.toml: clean, then
-with one known bug per symptom.
+your token files) and shakespeare_modern.toml (modern_lab.py trains it, beside shakespeare_cpu.toml, on two seeds).
+Then one table: what each config reached, how fast, where. Last, the troubleshooting doctor (doctor.py) on
+configs/mnist_mlp.toml: clean, then with one known bug per symptom.
 
 Run:    python day12_template/main.py                 (~2 min on a 2-core CPU; runs in day12_template/runs/demo)
         python day12_template/main.py --quick         (every config capped at 20 steps: seconds each; no doctor)

@@ -54,12 +54,13 @@ def load(folder: Path, seed: int, out: Path | None = None) -> config.Config:
 def describe(folder: Path) -> dict:
     """The tokenization's vocabulary, bytes per token of the training text, and the GPT's size on it."""
     cfg = load(folder, 0)
-    splits = text.tokens(str(folder), cfg.data.table.block_size, 0, 0)
+    splits = data.build(cfg.data, 0)
+    info = splits.info
     train_ids = torch.from_numpy(np.asarray(splits.train.tokens, dtype=np.int64))
-    model = models.build(cfg.model, data.build(cfg.data, 0).info, device="meta")
+    model = models.build(cfg.model, info, device="meta")
     params = models.count_params(model)
-    return {"vocab_size": splits.vocab_size, "train_tokens": len(train_ids),
-            "bytes_per_token": splits.bytes_per_token[train_ids].sum().item() / len(train_ids),
+    return {"vocab_size": info.vocab_size, "train_tokens": len(train_ids),
+            "bytes_per_token": info.bytes_per_token[train_ids].sum().item() / len(train_ids),
             "params": params, "embedding_share": model.wte.weight.numel() / params,
             "flops_per_token": model.flops_per_token()}
 

@@ -167,7 +167,9 @@ def activations(cfg: config.Config, info, batch: int, device: str = "cpu") -> tu
         with SavedBytes(*tensors.values(), x, y) as counter, models.autocast(cfg.train, "cpu")(), kernels:
             logits = torch.func.functional_call(model, tensors, (x,))
             tasks.for_dataset(cfg.data.dataset, info).loss(logits, y)
-    saved = list(counter.storages.values()) + [16] * getattr(kernels, "fused_dropouts", 0)  # a seed and an offset
+    saved = list(counter.storages.values())
+    if device == "cuda":
+        saved += [16] * kernels.fused_dropouts  # each fused attention with dropout saves a seed and an offset
     return sum(saved), saved, logits.numel() * 4
 
 
