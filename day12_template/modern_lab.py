@@ -6,7 +6,7 @@ recipe of shakespeare_cpu.toml (2,000 steps at its learning rate):
 architecture_lab.py changes one part at a time for 300 steps at lr 3e-3. A config is a whole recipe, so the parts
 that won there on every seed (rotary positions; QK-norm, at a high learning rate) are tried again here at the
 recipe's own length and learning rate, with RMSNorm (mixed there), and so is Llama's whole block (RMSNorm, RoPE,
-SwiGLU, an untied head: SwiGLU lost there at 300 steps), alone, with QK-norm, and with its head tied. Every
+SwiGLU, an untied head: SwiGLU lost there at 300 steps), alone, with QK-norm, with its head tied, and with both. Every
 candidate is the config plus `--set`s, trained by train.run exactly as `python train.py --config
 configs/shakespeare_cpu.toml --set ...` trains it, on each seed; its figure is the validation loss after the last
 step (the config's 1,024 windows of the held-out works). The choice: the lowest mean validation loss among the
@@ -40,6 +40,7 @@ CANDIDATES = {
     "Llama's block (RMSNorm, RoPE, SwiGLU, untied)": LLAMA,
     "Llama's block, QK-norm": (*LLAMA, QK_NORM),
     "Llama's block, tied": LLAMA[:-1],
+    "Llama's block, tied, QK-norm": (*LLAMA[:-1], QK_NORM),
 }
 
 
