@@ -5,12 +5,11 @@ Part 1 prints an environment report and walks the six-step "why is torch.cuda.is
 rather than prose: the three attributes (dtype / device / shape), broadcasting and its silent (N,) vs (N,1) trap,
 and view / reshape / permute / contiguous seen through stride(), is_contiguous() and storage sharing.
 
-Run:    python day01_env_and_tensors/main.py     (writes runs/day01_env_and_tensors/report.json)
+Run:    python day01_env_and_tensors/main.py     (writes runs/day01_env_and_tensors/report.json and .md)
 Gates:  python day01_env_and_tensors/check.py
 """
 import dataclasses
 import importlib.metadata
-import json
 import os
 import platform
 import sys
@@ -22,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import torch
 
 from day01_env_and_tensors.diagnose_cuda import Diagnosis, diagnose_cuda
-from day01_env_and_tensors.report import readme_environment
-from sprint import cpu_info, runs_dir, write_fragment
+from day01_env_and_tensors.report import report_markdown
+from sprint import cpu_info, runs_dir, write_results
 from sprint.cli import arg, parse, run, validate
 from sprint.device import pick_device
 
@@ -235,10 +234,8 @@ def main(argv=None) -> Report:
     show("view / reshape / permute / contiguous", lessons.views)
 
     result = Report(report, diagnosis, lessons)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
-    print(f"\nwrote {out / 'report.json'}")
-    write_fragment(out, readme_environment)
+    figures = dataclasses.asdict(result)
+    write_results(out, "report", report_markdown(figures), figures)
     return result
 
 

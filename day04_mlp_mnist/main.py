@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import torch
 import torch.nn as nn
 
-from day04_mlp_mnist.report import plot_curves, readme_results
-from sprint import machine, runs_dir, write_fragment
+from day04_mlp_mnist.report import plot_curves, run_table
+from sprint import machine, runs_dir, write_results
 from sprint.cli import UserError, arg, parse, progress, run, validate
 from sprint.data import SIZES, mnist_split, mnist_tensors
 from sprint.device import pick_device
@@ -219,9 +219,8 @@ def train(cfg: Config, out_dir: Path | None = None, log=print) -> dict:
     if out_dir is not None:
         plot_curves(history, test["acc"], GOAL_ACC, Path(out_dir) / "curves.png")
         summary = {k: v for k, v in result.items() if k not in ("history", "model")}
-        (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        log(f"wrote {Path(out_dir) / 'metrics.jsonl'}, curves.png and summary.json")
-        write_fragment(Path(out_dir), readme_results)
+        log(f"wrote {Path(out_dir) / 'metrics.jsonl'} and curves.png")
+        write_results(Path(out_dir), "summary", run_table(summary, history), summary)
     return result
 
 

@@ -1,8 +1,7 @@
-"""Day 4's report: the training curves of one run, with the single test evaluation marked at the end, and the
-README's sentence on that run (`results/readme_results.md`)."""
+"""Day 4's report: the training curves of one run, with the single test evaluation marked at the end, and its table
+(`results/summary.md`, which the README includes)."""
 from pathlib import Path
 
-from sprint import read_json
 from sprint.plots import save, subplots
 
 
@@ -24,14 +23,15 @@ def plot_curves(history: list[dict], test_acc: float | None, goal: float, path: 
     return save(fig, path)
 
 
-def readme_results(results: Path) -> str:
-    """The README's run of seed 0 (`summary.json`, `metrics.jsonl`) and seed 1's accuracy (`bench.json`, from
-    `bench.py`, which stays torch-free: after a new bench run, `python scripts/report.py --readme` re-makes this)."""
-    summary, metrics = read_json(results / "summary.json"), read_json(results / "metrics.jsonl")
-    seed1 = read_json(results / "bench.json")["rows"][1]["main"]["test_acc"]
-    curve = " → ".join(f"{row['val_acc']:.2%}" for row in metrics)
-    return (f"`python day04_mlp_mnist/main.py --out day04_mlp_mnist/results` (seed 0; "
-            f"[`results/summary.json`](results/summary.json), [`results/metrics.jsonl`](results/metrics.jsonl)): "
-            f"{summary['params']:,} parameters, {summary['n_train']:,} training / {summary['n_val']:,} validation "
-            f"images, validation accuracy {curve} over the {summary['config']['epochs']} epochs, then **test accuracy "
-            f"{summary['test_acc']:.2%}**, evaluated once. Seed 1 (a row of the benchmark below): {seed1:.2%}.")
+def run_table(summary: dict, history: list[dict]) -> str:
+    """One run as the README shows it (`results/summary.md`): its size, then each evaluation and the test."""
+    lines = [f"Seed {summary['config']['seed']}: {summary['params']:,} parameters, {summary['n_train']:,} training / "
+             f"{summary['n_val']:,} validation images; {summary['machine']}.", "",
+             "| epoch | train loss (running mean, label-smoothed) | val loss | val accuracy |",
+             "| ---: | ---: | ---: | ---: |"]
+    lines += [f"| {row['epoch']:g} | {row['train_loss']:.4f} | {row['val_loss']:.4f} | {row['val_acc']:.2%} |"
+              for row in history]
+    if summary["test_acc"] is not None:  # a run with the test left out (`--no-test`) has none
+        lines.append(f"| test, evaluated once ({summary['n_test']:,} images) | | {summary['test_loss']:.4f} | "
+                     f"**{summary['test_acc']:.2%}** |")
+    return "\n".join(lines) + "\n"

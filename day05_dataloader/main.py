@@ -27,9 +27,8 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate, get_w
 from torchvision.transforms import v2
 
 from day04_mlp_mnist.main import MLP
-from day05_dataloader.report import (augmentation_report, interpret, plot_augmentations, readme_demos,
-                                     readme_workers, write_timing)
-from sprint import runs_dir, write_fragment
+from day05_dataloader.report import augmentation_report, demos_table, interpret, plot_augmentations, write_timing
+from sprint import runs_dir, write_results
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import MEAN, SIZES, STD, raw_paths, read_idx, read_idx_header
 from sprint.device import pick_device
@@ -268,9 +267,8 @@ def run_demos(cfg: Config, dataset: MNISTFiles, out: Path) -> None:
     plot_augmentations(sample["image"], aug, out / "augmentations.png")
     figures = {"default_collate_error": demo["default_collate_error"], "padded_shape": list(padded.shape),
                "lengths": lengths.tolist()} | {k: float(v) for k, v in aug.items() if k.startswith("max_diff")}
-    (out / "demos.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"    wrote {out / 'augmentations.png'}, {out / 'demos.json'}")
-    write_fragment(out, readme_demos)
+    print(f"    wrote {out / 'augmentations.png'}")
+    write_results(out, "demos", demos_table(figures), figures)
 
 
 def main(argv=None) -> dict:
@@ -290,7 +288,6 @@ def main(argv=None) -> dict:
     write_timing(timing, out)
     (out / "timing.json").write_text(json.dumps(timing, indent=2) + "\n")
     print(f"wrote {out}/worker_timing.md, worker_timing.csv, worker_timing.png, timing.json")
-    write_fragment(out, readme_workers)
     return timing
 
 

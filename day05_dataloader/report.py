@@ -1,13 +1,13 @@
 """Day 5's evidence and report: the augmentation runs compared, what the worker-timing table means, the table itself
-(Markdown + CSV), its bar chart, the grid of augmented digits, and the README's collate and augmentation figures
-(`results/readme_demos.md`)."""
+(Markdown + CSV), its bar chart, the grid of augmented digits, and the collate and augmentation demos' table
+(`results/demos.md`)."""
 import csv
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from sprint import read_json
+from sprint import markdown_table
 from sprint.plots import save, subplots
 
 
@@ -101,11 +101,12 @@ def timing_table(timing: dict) -> str:
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in timing["rows"]]
     md.append(f"\nModel step alone (batches in memory): {timing['model_only_samples_per_s']:,} samples/s.\n")
+    md.append(f"What the table says, computed from its figures (`report.interpret`):\n\n{interpret(timing)}\n")
     return "\n".join(md)
 
 
 def write_timing(timing: dict, out_dir: Path) -> None:
-    """worker_timing.csv and .md (the table; what it means is the README fragment `readme_workers`) and the chart."""
+    """worker_timing.csv and .md (the table and what it means) and the chart."""
     rows = timing["rows"]
     with open(out_dir / "worker_timing.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -141,21 +142,15 @@ def plot_augmentations(original: torch.Tensor, aug: dict, path: Path) -> None:
     save(fig, path)
 
 
-def readme_demos(results: Path) -> str:
-    """The README's collate and augmentation figures, from `demos.json`: the real `default_collate` error, the padded
-    batch, and training image 0 augmented in 2 workers, seed 0 twice, then seed 1."""
-    demos = read_json(results / "demos.json")
-    lengths = demos["lengths"]
-    return "\n".join([
-        f"`default_collate` on three byte-encoded sentences of lengths {', '.join(map(str, lengths[:-1]))} and "
-        f"{lengths[-1]} (the real message, captured):", "```", demos["default_collate_error"], "```",
-        f"`pad_collate` returns `padded` of shape {tuple(demos['padded_shape'])} and `lengths` {lengths}.", "",
-        f"Augmentation of training image 0 in two workers: identical across two runs with seed 0 (max pixel "
-        f"difference {demos['max_diff_between_runs']:.0f}), different between worker 0 and worker 1 (max pixel "
-        f"difference {demos['max_diff_between_workers']:.0f}) and between seeds 0 and 1 "
-        f"({demos['max_diff_between_seeds']:.0f})."])
-
-
-def readme_workers(results: Path) -> str:
-    """The README's reading of the worker-timing table, from `timing.json`: every sentence follows its figures."""
-    return interpret(read_json(results / "timing.json"))
+def demos_table(demos: dict) -> str:
+    """The collate and augmentation demos (`results/demos.md`): the real `default_collate` error, the padded batch,
+    and training image 0 augmented in 2 workers, seed 0 twice, then seed 1."""
+    lengths = ", ".join(map(str, demos["lengths"]))
+    rows = [[f"`default_collate` on three byte-encoded sentences of lengths {lengths}",
+             f"`{demos['default_collate_error']}`"],
+            ["`pad_collate` on the same three", f"`padded` of shape {tuple(demos['padded_shape'])}, `lengths` "
+                                                f"{demos['lengths']}"],
+            ["image 0 augmented, two runs with seed 0: max pixel difference", f"{demos['max_diff_between_runs']:.0f}"],
+            ["worker 0 against worker 1: max pixel difference", f"{demos['max_diff_between_workers']:.0f}"],
+            ["seed 0 against seed 1: max pixel difference", f"{demos['max_diff_between_seeds']:.0f}"]]
+    return markdown_table(["demo", "measured"], rows) + "\n"

@@ -30,7 +30,7 @@ from day04_mlp_mnist.main import evaluate
 from day06_ckpt_resume.checkpoint import load_checkpoint, read_metrics
 from day06_ckpt_resume.main import MNIST_TRAIN, Config, Trainer
 from day06_ckpt_resume.report import plot_overfit, write_overfit_table, write_results
-from sprint import read_json, runs_dir, write_fragment
+from sprint import runs_dir
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import MEAN, STD
 
@@ -159,7 +159,6 @@ def main(argv=None) -> Lab:
     for c in result.curves.values():
         print(f"  {c.name:32s} gap (val - train loss) at epoch {lab.epochs}: {c.gap:.3f}")
     write_results(out, "overfit", result, write_overfit_table, plot_overfit, t0)
-    write_fragment(out, readme_overfit)
     return result
 
 
@@ -167,24 +166,6 @@ def gap_ratios(overfit: dict) -> str:
     """Each regularised run's gap (val - train loss) over the unregularised one's (the first curve)."""
     gaps = [c["gap"] for c in overfit["curves"].values()]
     return " / ".join(f"{g / gaps[0]:.2f}" for g in gaps[1:])
-
-
-def readme_overfit(results: Path) -> str:
-    """The README's three findings, from `overfit.json`: memorisation, early stopping and `best.pt`, the gaps."""
-    lab = read_json(results / "overfit.json")
-    base, early = lab["curves"]["no regularisation"], lab["early_stop"]
-    return "\n".join([
-        f"- **Memorised, and getting worse on new data.** Without regularisation the {lab['config']['subset']} images "
-        f"are learnt to {base['train_acc'][-1]:.0%} while the validation loss bottoms out at epoch "
-        f"{base['best_epoch']} ({min(base['val_loss']):.3f}) and ends at {base['val_loss'][-1]:.3f} by epoch "
-        f"{lab['config']['epochs']}: the model grows more confident on the validation images it gets wrong.",
-        f"- **Early stopping** (patience {early['patience']}) on the same run stopped after epoch "
-        f"{early['stopped_after_epoch']}, and its `best.pt`, loaded back from disk, holds step {early['best_pt_step']} "
-        f"(the step of the lowest validation loss: {early['step_of_best_epoch']}); its weights give the logged "
-        f"minimum validation loss again ({early['best_pt_val_loss']:.6f}).",
-        "- **Each regulariser, one change at a time,** changes the gap: Dropout, AdamW weight decay, and random shifts "
-        f"and rotations (one `torchvision.transforms.v2.RandomAffine` per batch) leave ×{gap_ratios(lab)} of the "
-        "unregularised gap."])
 
 
 if __name__ == "__main__":

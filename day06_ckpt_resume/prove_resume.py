@@ -29,8 +29,8 @@ import torch
 
 from day06_ckpt_resume.checkpoint import load_checkpoint, read_metrics
 from day06_ckpt_resume.main import MNIST_TRAIN, Config, train
-from day06_ckpt_resume.report import plot_overlay, write_optimizer_table
-from sprint import REPO_ROOT, read_json, runs_dir, write_fragment
+from day06_ckpt_resume.report import plot_overlay, resume_table, write_optimizer_table
+from sprint import REPO_ROOT, runs_dir
 from sprint.cli import arg, flag, parse, progress, run
 from sprint.data import prepare_mnist
 from sprint import machine
@@ -278,9 +278,8 @@ def prove(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> 
         for s in chain["segments"]:
             del s["records"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out / 'resume_overlay.png'}, optimizer_state.md and summary.json")
-    write_fragment(out, readme_resume)
-    write_fragment(out, readme_optimizer)
+    (out / "summary.md").write_text(resume_table(summary))
+    print(f"wrote {out / 'resume_overlay.png'}, optimizer_state.md and summary.json, .md")
     return Proof(runs / "uninterrupted", chains, opt, summary)
 
 
@@ -288,38 +287,6 @@ def state_verdict(summary: dict) -> str:
     """Whether the resumed runs' final state equals the uninterrupted run's, entry by entry (`state_diffs`)."""
     diffs = sum(len(c["comparison"]["state_diffs"]) for c in summary["chains"].values())
     return "final state bit-identical" if diffs == 0 else f"{diffs} final-state entries differ"
-
-
-def readme_resume(results: Path) -> str:
-    """The README's account of the killed chains, from `summary.json`: where each was killed and resumed, what was
-    computed, what differs from the uninterrupted run, and that run's own figures."""
-    summary = read_json(results / "summary.json")
-    chains = summary["chains"].values()
-    kills = "; ".join(f"the num_workers={c['workers']} run after steps " + ", ".join(map(str, c["kill_at"]))
-                      for c in chains)
-    resumed = "; ".join(", ".join(str(s["resumed_from"]) for s in c["segments"][1:]) for c in chains)
-    computed = [c["comparison"]["steps_computed"] for c in chains]
-    loss = sum(c["comparison"]["loss_mismatches"] for c in chains)
-    samples = sum(c["comparison"]["sample_mismatches"] for c in chains)
-    logs = " / ".join("yes" if c["comparison"]["final_log_equal"] else "no" for c in chains)
-    test = summary["reference_test"]
-    return (f"From `results/summary.json`: SIGKILLed {kills}. After each kill it resumed from `last.pt`, at steps "
-            f"{resumed}. Across the two chains, {sum(computed):,} steps were computed "
-            f"({' and '.join(f'{c:,}' for c in computed)}), including those redone after a kill. Steps whose loss "
-            f"differs from the uninterrupted run's (`float.hex`): **{loss}**; whose sample indices differ: "
-            f"**{samples}**; final `metrics.jsonl` identical: {logs}; {state_verdict(summary)} (model, optimizer, "
-            f"scheduler, sampler, RNG states, counters). Uninterrupted run: best validation loss "
-            f"{test['best_val']:.4f}, test accuracy of `best.pt` **{test['test_acc']:.2%}**.")
-
-
-def readme_optimizer(results: Path) -> str:
-    """The README's resume with and without the optimizer state, from `summary.json`'s `model_only`."""
-    opt = read_json(results / "summary.json")["model_only"]
-    return (f"Resumed at step {opt['at_step']} from the same checkpoint, once with everything and once with the model "
-            f"weights only (fresh AdamW, LR schedule kept). Over the next {len(opt['full_losses'])} steps the loss "
-            f"moves by at most **{opt['full_max_abs_diff']:.3g}** with the full state and by up to "
-            f"**{opt['model_only_max_abs_diff']:.3g}** with the weights only. AdamW's moments and step count (bias "
-            f"correction) are part of the trajectory (`results/optimizer_state.md`):")
 
 
 def main(argv=None) -> Proof:

@@ -61,10 +61,12 @@ def write_overfit_table(lab, path: Path) -> None:
             f"{cfg.lr:g}, seed {cfg.seed}. Losses and accuracies in eval mode (Dropout off) on the training subset and "
             "on 2,000 validation images.", "",
             f"| run | train acc | val acc | train loss | val loss (epoch {cfg.epochs}) | lowest val loss (epoch) "
-            "| gap = val − train loss |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| gap = val − train loss | gap ÷ unregularised gap |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    base = next(iter(lab.curves.values()))
     for c in lab.curves.values():
         rows.append(f"| {c.name} | {c.train_acc[-1]:.2%} | {c.val_acc[-1]:.2%} | {c.train_loss[-1]:.4f} "
-                    f"| {c.val_loss[-1]:.4f} | {min(c.val_loss):.4f} ({c.best_epoch}) | {c.gap:.3f} |")
+                    f"| {c.val_loss[-1]:.4f} | {min(c.val_loss):.4f} ({c.best_epoch}) | {c.gap:.3f} "
+                    f"| {c.gap / base.gap:.2f} |")
     rows += ["", "| early stopping (no regularisation) | value |", "| --- | ---: |",
              f"| patience | {e.patience} epochs |", f"| stopped after epoch | {e.stopped_after_epoch} |",
              f"| step of the lowest validation loss | {e.step_of_best_epoch} |",
@@ -72,6 +74,34 @@ def write_overfit_table(lab, path: Path) -> None:
              f"| validation loss of best.pt's weights, evaluated again | {e.best_pt_val_loss:.6f} |",
              f"| lowest validation loss logged | {min(e.val_loss):.6f} |"]
     path.write_text("\n".join(rows) + "\n")
+
+
+def resume_table(summary: dict) -> str:
+    """The killed chains of `prove_resume.py` (its `summary.json`) against the uninterrupted run, as Markdown."""
+    chains = list(summary["chains"].values())
+
+    def row(label: str, cell) -> str:
+        return f"| {label} | " + " | ".join(str(cell(c)) for c in chains) + " |"
+
+    def yes(flag: bool) -> str:
+        return "yes" if flag else "**no**"
+
+    test = summary["reference_test"]
+    lines = [f"Uninterrupted run: best validation loss {test['best_val']:.4f}, test accuracy of `best.pt` "
+             f"{test['test_acc']:.2%}; {summary['machine']}.", "",
+             "| killed chain | " + " | ".join(f"num_workers={c['workers']}" for c in chains) + " |",
+             "| --- |" + " ---: |" * len(chains),
+             row("SIGKILLed after steps", lambda c: ", ".join(map(str, c["kill_at"]))),
+             row("resumed from `last.pt` at steps", lambda c: ", ".join(str(s["resumed_from"])
+                                                                        for s in c["segments"][1:])),
+             row("steps computed, those redone after a kill included", lambda c: f"{c['comparison']['steps_computed']:,}"),
+             row("steps whose loss differs from the uninterrupted run's (`float.hex`)",
+                 lambda c: f"**{c['comparison']['loss_mismatches']}**"),
+             row("steps whose sample indices differ", lambda c: f"**{c['comparison']['sample_mismatches']}**"),
+             row("final `metrics.jsonl` identical", lambda c: yes(c["comparison"]["final_log_equal"])),
+             row("final state entries that differ (model, optimizer, scheduler, sampler, RNG states, counters)",
+                 lambda c: len(c["comparison"]["state_diffs"]))]
+    return "\n".join(lines) + "\n"
 
 
 def plot_overfit(lab, path: Path) -> None:

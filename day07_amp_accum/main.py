@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from day06_ckpt_resume.checkpoint import refuse_existing_run
 from day06_ckpt_resume.main import Config, Trainer
-from day07_amp_accum.report import plot_table, readme_cpu_bf16, readme_precision, readme_training, write_table
-from sprint import runs_dir, write_fragment
+from day07_amp_accum.report import plot_table, training_table, write_table
+from sprint import runs_dir
 from sprint.cli import arg, from_args, parser_for, run, unwritable
 from sprint import cpu_info
 from sprint.measure import median_seconds, min_cpu_seconds, saved_bytes
@@ -262,9 +262,8 @@ def main(argv=None) -> dict:
                "training": {**result, "wall_s": time.perf_counter() - t_train},
                "wall_s": time.perf_counter() - t0}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out / 'precision.md'}, precision.png and summary.json")
-    for fragment in (readme_training, readme_precision, readme_cpu_bf16):
-        write_fragment(args.out, fragment)
+    (args.out / "training.md").write_text(training_table(summary))
+    print(f"wrote {args.out / 'precision.md'}, precision.png, training.md and summary.json")
     return summary
 
 

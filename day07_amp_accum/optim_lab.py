@@ -34,7 +34,7 @@ from day04_mlp_mnist.main import MLP, evaluate
 from day06_ckpt_resume.main import decay_groups, warmup_cosine
 from day06_ckpt_resume.report import write_results
 from day07_amp_accum.report import plot_optim, write_optim_table
-from sprint import read_json, runs_dir, write_fragment
+from sprint import runs_dir
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import mnist_split
 from sprint.device import pick_device
@@ -323,7 +323,6 @@ def main(argv=None) -> Lab:
               f"large, {shrink[1]:.3f} where they are small; loss x{d.loss_scale:g} changes the weights by up to "
               f"{d.scale_change[name]:.2g}")
     write_results(out, "optim", lab, write_optim_table, plot_optim, t0)
-    write_fragment(out, readme_optim)
     return lab
 
 
@@ -340,77 +339,6 @@ def linear_rule(lab: dict) -> str:
     """Whether the linear LR-scaling rule gave the batch-128 run closest to batch 32 on every seed."""
     closest = lab["scaling_closest"]
     return "the linear rule matches" if all("linear" in c for c in closest) else "closest: " + " / ".join(closest)
-
-
-def readme_optim(results: Path) -> str:
-    """The README's findings on warmup, clipping and LR scaling, from `optim.json`."""
-    lab = read_json(results / "optim.json")
-    config, clip = lab["config"], lab["clip"]
-    adamw, sgd = lab["clip_order"]["adamw"], lab["clip_order"]["sgd"]
-    sgd_first, sgd_after = sgd["clip, then unscale"], sgd["unscale, then clip"]
-    return "\n".join([
-        "- **Warmup + cosine** is Day 6's `warmup_cosine` (`LambdaLR`); `check.py` compares its LR at each of the "
-        f"{len(lab['schedule_lr'])} steps with the formula (linear from 1/W to 1 over W steps, then 0.05 + 0.95 · "
-        "½(1 + cos(π · progress))) to within 1e-12.",
-        f"- **Warmup at a high LR** ({config['high_lr']}): without it the validation loss ends ×{warmup_range(lab)} "
-        f"the warmed-up run's (seeds {', '.join(map(str, config['seeds']))}). Adam's first updates move every weight "
-        "by about the full LR whatever its gradient, before the second-moment estimates mean anything; warmup gives "
-        "them steps to settle.",
-        f"- **`clip_grad_norm_`** returns the global norm *before* clipping ({clip['returned']:.1f} here) and scales "
-        "all gradients by one factor, so the global norm after it is max_norm and the direction is unchanged (cosine "
-        f"{clip['cosine_before_after']:.6f}); gradients already below max_norm are left alone "
-        f"({'yes' if clip['small_unchanged'] else 'no'}).",
-        "- **Clip after `unscale_`.** Clipping first meets the *scaled* gradients (×2¹⁶): every step is cut to "
-        f"max_norm, and unscaling then leaves 1/65,536 of it ({sgd_first['post_clip_norm']:.3g}). SGD then ends at "
-        f"validation loss {sgd_first['val_loss']:.2f} ({sgd_first['val_acc']:.0%} accuracy) against "
-        f"{sgd_after['val_loss']:.2f}. AdamW hides the mistake ({adamw['clip, then unscale']['val_loss']:.3f} against "
-        f"{adamw['unscale, then clip']['val_loss']:.3f}): dividing by √v cancels any uniform rescale of the gradients "
-        "— which is exactly why it goes unnoticed until the optimizer changes.",
-        "- **Batch 32 → 128** with the epoch fixed (4× fewer steps), the run closest to batch 32, per seed: "
-        f"{'; '.join(lab['scaling_closest'])}. In this short, LR-limited run each AdamW step moves the weights by "
-        "about the LR, so 4× fewer steps need about 4× the LR; the square-root rule is the one argued for long, "
-        "noise-dominated Adam runs, a regime this one-epoch run does not reach. Formulas are starting points: sweep "
-        "LR/3, LR, 3·LR around them.",
-        *readme_decay(lab["decay"])])
-
-
-def readme_decay(d: dict) -> list[str]:
-    """The README's findings on decoupled weight decay and the no-decay group (part 5 of `optim.json`)."""
-    runs, (aw_high, aw_low), (l2_high, l2_low) = d["runs"], d["shrink"]["AdamW"], d["shrink"]["Adam + L2"]
-    lam, scale = d["weight_decay"], d["loss_scale"]
-    at = {(a["weight_decay"], a["seed"]): a for a in d["ablation"]}
-    effects = {w: [at[w, s]["all_val_loss"] - at[w, s]["group_val_loss"] for s in sorted({s for _, s in at})]
-               for w in sorted({w for w, _ in at})}
-    seeds = sorted({s for _, s in at})
-    spread = abs(at[lam, seeds[-1]]["group_val_loss"] - at[lam, seeds[0]]["group_val_loss"])
-    scaled_l2 = runs[f"Adam + L2, loss x{scale:g}"]
-
-    def names(group: str) -> str:
-        return ", ".join(f"`{n}`" for n in d["groups"][group])
-
-    return [
-        f"- **AdamW's decay is decoupled; Adam's `weight_decay` is L2.** At the same λ = {lam:g} AdamW keeps "
-        f"{aw_high:.4f} of `fc1`'s norm (against the run without decay) where the gradients are large and {aw_low:.4f} "
-        f"where they are small: one factor for every weight, the ∏(1 − LR·λ) = {d['decoupled_factor']:.4f} of its "
-        f"decay step alone. Adam + L2 keeps {l2_high:.3f} and {l2_low:.3f}: the λ·p it adds to the gradient is divided "
-        f"by √v like the rest, so where the data's gradient is small and λ·p dominates it, the decay takes a near "
-        f"full-size Adam step: those weights keep {l2_high / l2_low:.1f}× less of their norm than the ones with "
-        f"large gradients. The validation loss ends at "
-        f"{runs['Adam + L2']['val_loss']:.4f} against AdamW's {runs['AdamW']['val_loss']:.4f} (no decay: "
-        f"{runs['no decay']['val_loss']:.4f}). Multiply the loss by {scale:g} and AdamW's weights move by at most "
-        f"{d['scale_change']['AdamW']:.1g} (relative; Adam divides the scale out, up to its ε), Adam + L2's by "
-        f"{d['scale_change']['Adam + L2']:.2f}: its decay is measured against the gradient, so the loss's scale sets "
-        f"its strength (‖fc1‖ {runs['Adam + L2']['fc1_norm']:.2f} → {scaled_l2['fc1_norm']:.2f}).",
-        f"- **The no-decay group** (Day 6's `decay_groups`, the template's `build_optimizer` alike) decays "
-        f"{names('decay')} and leaves {names('no decay')} alone. Decaying every parameter instead changes the validation loss by "
-        f"{', '.join(f'{e:+.4f}' for e in effects[lam])} at λ = {lam:g} (seeds {', '.join(map(str, seeds))}), "
-        f"{'less' if max(map(abs, effects[lam])) < spread else 'more'} than the {spread:.4f} between the two seeds' "
-        f"runs with the group, and by {', '.join(f'{e:+.4f}' for e in effects[10 * lam])} at λ = {10 * lam:g}, "
-        f"where the mean LayerNorm gain ends at {at[10 * lam, seeds[0]]['all_gain_mean']:.3f} instead of "
-        f"{at[10 * lam, seeds[0]]['group_gain_mean']:.3f} (seed {seeds[0]}). "
-        + ("The curriculum's honest boundary holds: a convention whose gain shows only at strong decay, not a "
-           "decisive one." if max(map(abs, effects[lam])) < spread < min(effects[10 * lam]) else
-           "So the group's effect here is what these figures say, no more.")]
 
 
 if __name__ == "__main__":

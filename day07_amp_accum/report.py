@@ -1,8 +1,8 @@
-"""Day 7 report writers: the precision table (Markdown), its bar plot, and the README fragments on the training run,
-memory, speed and range (`results/readme_*.md`)."""
+"""Day 7 report writers: the precision table (Markdown), its bar plot, the optimisation lab's tables and plot, and the
+training run's table (`results/training.md`)."""
 from pathlib import Path
 
-from sprint import plots, read_json
+from sprint import markdown_table, plots
 
 
 def write_table(rows: list[dict], ranges: dict, path: Path) -> None:
@@ -141,61 +141,11 @@ def by_precision(summary: dict) -> dict:
     return {row["amp"]: row for row in summary["table"]}
 
 
-def step_ratio(summary: dict, precision: str) -> float:
-    """A precision's step time over fp32's (one run)."""
-    rows = by_precision(summary)
-    return rows[precision]["step_ms"] / rows["off"]["step_ms"]
-
-
-def readme_training(results: Path) -> str:
-    """The README's training run, from `summary.json`."""
-    summary = read_json(results / "summary.json")
-    training = summary["training"]
-    return (f"`results/summary.json` records the run's wall time ({summary['wall_s']:.0f} s, on the CPU that "
-            f"`results/precision.md` names) and, under `training`, what the bf16 run reached: a best validation loss "
-            f"of {training['best_val']:.4f} and a test accuracy of **{training['test_acc']:.2%}** in "
-            f"{training['step']} steps.")
-
-
-def readme_precision(results: Path) -> str:
-    """The README's memory, speed and range findings, from `summary.json` and the AVX2-capped run's
-    `avx2/summary.json`."""
-    summary, capped = read_json(results / "summary.json"), read_json(results / "avx2" / "summary.json")
-    table, avx2, ranges = summary["table"], capped["table"], summary["ranges"]
-    rows = by_precision(summary)
-    saved = rows["bf16"]["saved_bytes"] / rows["off"]["saved_bytes"]
-    state = " / ".join(f"{r['state_bytes'] / 1024:.0f}" for r in table)
-    return "\n".join([
-        f"- **Memory.** bf16 and fp16 store {saved:.2f}× the fp32 bytes saved for backward. The saved activations of "
-        "the linear layers, LayerNorm input, GELU and Dropout become 2-byte tensors. What stays fp32 (LayerNorm "
-        "statistics, the logits for the fp32 cross-entropy) plus the small bf16 copy of `fc2.weight` keeps it just "
-        f"above one half. Parameters, gradients and AdamW state are **identical** ({state} KiB): autocast does not "
-        "save parameter or optimizer memory.",
-        "- **Speed depends on hardware, not on the dtype.** With native AMX-BF16 a bf16 matmul runs at "
-        f"{table[2]['matmul_gflops']:.1f} against {table[0]['matmul_gflops']:.1f} GFLOP/s in fp32, but the MLP step "
-        f"barely follows (×{step_ratio(summary, 'bf16'):.2f} in bf16, ×{step_ratio(summary, 'fp16'):.2f} in fp16): "
-        "its layers are small and autocast adds a cast of every weight on every forward. Limit the same CPU to AVX2 "
-        f"and a bf16 matmul runs at {avx2[2]['matmul_gflops']:.1f} GFLOP/s "
-        f"(×{avx2[0]['matmul_gflops'] / avx2[2]['matmul_gflops']:.0f} slower than fp32 in the same run), and a step "
-        f"takes ×{step_ratio(capped, 'bf16'):.2f} (bf16) and ×{step_ratio(capped, 'fp16'):.2f} (fp16) the fp32 time. "
-        "The speed-up needs tensor cores on a GPU, or AMX/AVX512-BF16 on a CPU. On a GPU, expect the CUDA peak "
-        "column to drop too, by less than the saved-bytes column, because parameters, gradients and optimizer state "
-        "do not shrink.",
-        "- **Range** (second table in `results/precision.md`). 70,000 through an fp16 autocast matmul is "
-        f"`{ranges['fp16_70000']}`; bf16 gives {ranges['bf16_70000']:,.0f} (no overflow). Weight gradients of 2⁻²⁸ "
-        f"per output are **{ranges['zero_fraction_fp16_unscaled']:.0%}** zeros in fp16 without loss scaling and "
-        f"**{ranges['zero_fraction_fp16_scaled']:.0%}** with a GradScaler at 2¹⁶. After unscaling they are within "
-        f"{ranges['rel_error_fp16_scaled']:.1e} (relative) of fp32."])
-
-
-def readme_cpu_bf16(results: Path) -> str:
-    """The root README's note on what native bf16 is worth: the matmul column on this CPU and capped at AVX2."""
-    table, avx2 = (read_json(path)["table"] for path in (results / "summary.json", results / "avx2" / "summary.json"))
-    return (
-        "- Reduced precision needs hardware support. On a CPU with AMX-BF16/AVX512-BF16 (the one the results were "
-        f"measured on) a bf16 256³ matmul runs at {table[2]['matmul_gflops']:.1f} GFLOP/s against "
-        f"{table[0]['matmul_gflops']:.1f} in fp32; capped at AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2 "
-        "ATEN_CPU_CAPABILITY=avx2`, i.e. most laptops without native bf16) the same matmul runs at "
-        f"{avx2[2]['matmul_gflops']:.1f} against {avx2[0]['matmul_gflops']:.1f} GFLOP/s, "
-        f"{avx2[0]['matmul_gflops'] / avx2[2]['matmul_gflops']:.0f}× slower than fp32 (`python "
-        "day07_amp_accum/main.py`, both settings). GPUs get it from tensor cores.")
+def training_table(summary: dict) -> str:
+    """The bf16 training run of `main.py` (`summary.json`'s `training`) as Markdown (`results/training.md`)."""
+    training, cfg = summary["training"], summary["config"]
+    rows = [["precision, micro-batches × size", f"{cfg['amp']}, {cfg['accum']} × {cfg['batch_size'] // cfg['accum']}"],
+            ["optimizer steps", training["step"]], ["best validation loss", f"{training['best_val']:.4f}"],
+            ["test accuracy of `best.pt`", f"**{training['test_acc']:.2%}**"],
+            ["wall time of the whole command (s)", f"{summary['wall_s']:.0f}"]]
+    return markdown_table(["the training run", "value"], rows) + "\n"

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 import numpy as np
 
 from day08_mini_autograd import engine, nn
-from sprint import machine, read_json, runs_dir, write_fragment, write_results
+from sprint import machine, runs_dir, write_results
 from sprint.cli import arg, parse, progress, run, validate
 
 SEED = 1337  # micrograd's demo seeds `random` with 1337; both engines draw the same initial weights from it
@@ -380,52 +380,7 @@ def main(argv=None):
     result = {"machine": machine(), "python": platform.python_version(), "micrograd": source,
               "config": asdict(cfg), "scalar": scalar, "tensor": tensor}
     write_results(out, "bench", markdown(result), result)
-    write_fragment(out, readme_bench)
     return result
-
-
-def readme_bench(results: Path) -> str:
-    """The README's account of where the scalar engines' time goes, from `bench.json`: each engine's share of time in
-    the collector (lowest-highest over the two heaps), the objects it tracks, the speed-ups, the cost per node."""
-    scalar = read_json(results / "bench.json")["scalar"]
-    runs, phases, speedup = scalar["runs"], scalar["phases"], scalar["speedup"]["numpy"]
-
-    def gc_share(engine: str, collector: str) -> str:
-        shares = sorted(r["gc_share"] for r in runs if r["engine"] == engine and r["collector"] == collector)
-        low, high = f"{shares[0]:.0%}", f"{shares[-1]:.0%}"
-        return low if low == high else f"{low}–{high}"
-
-    def ns_per_node(phase: str) -> float:
-        return 1e6 * phases[f"{phase}_ms"] / phases["nodes"]
-
-    objects = max(r["tracked_objects"] for r in runs if r["engine"] == "ours")
-    total = phases["build_ms"] + phases["backward_ms"] + phases["update_and_free_ms"]
-    shipped = next(r["ms_per_step"] for r in runs
-                   if (r["engine"], r["collector"], r["heap"]) == ("micrograd", "default", "numpy"))
-    return "\n".join([
-        f"- **micrograd spends {gc_share('micrograd', 'default')} of its time in the garbage collector.** Its graphs "
-        "are cycles: every step leaves tens of thousands of nodes (each a dict, a set, a closure and its cells) that "
-        "only the collector can free, so the collector runs hundreds of times per step and keeps rescanning "
-        "everything that is still alive.",
-        "- **This engine's graphs are never garbage for the collector, but the collector still runs.** CPython starts "
-        "a pass every 700 net allocations, and a step allocates its whole graph before any of it is freed: the nodes "
-        f"are scanned again and again, and a full pass rescans the whole process (with torch imported, {objects:,} "
-        f"objects). That is {gc_share('ours', 'default')} of the step with the default settings. Paused during the "
-        "step (`engine.collector_paused()`), the collector costs nothing and memory stays flat: reference counting "
-        "still frees each graph when the step ends.",
-        "- **The same pause helps micrograd too, but cannot make it free.** Paused, micrograd still has to collect "
-        f"its cycles once per step ({gc_share('micrograd', 'paused per step')} of its time) and holds the step's "
-        "garbage until then.",
-        f"- **What is left is CPython's cost per node.** Paused, this engine's step is {speedup['paused']:.1f}× as "
-        "fast as micrograd's, but half of micrograd's paused step is still its collector clearing the step's cycles: "
-        f"outside the collector's time the two differ by {speedup['paused_outside_collector']:.1f}× (one slotted "
-        "object per node instead of an object with a dict, a set and a closure). Building a node costs this engine "
-        f"{ns_per_node('build'):.0f} ns and sorting one {ns_per_node('sort'):.0f} ns, so its {phases['nodes']:,}-node "
-        f"step takes {total:.0f} ms with the collector paused, while the goal set for it, 30× micrograd as shipped, "
-        f"would be {shipped / 30:.0f} ms. Reaching it needs fewer, bigger nodes — which is what the Tensor engine and "
-        "PyTorch do: the Tensor engine runs the same demo (the same weights as matrices, the same losses) "
-        f"{scalar['tensor_engine_vs_micrograd_default']:,.0f}× faster than micrograd, both at the default collector, "
-        "because a step builds a few dozen nodes."])
 
 
 if __name__ == "__main__":

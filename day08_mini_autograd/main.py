@@ -26,8 +26,8 @@ import torch
 from day08_mini_autograd import tensor_engine as te
 from day08_mini_autograd.engine import Value, propagate, topological_order
 from day08_mini_autograd.nn import MLP
-from day08_mini_autograd.report import print_experiments, readme_mnist, readme_xor, write_results
-from sprint import runs_dir, write_fragment
+from day08_mini_autograd.report import print_experiments, write_results
+from sprint import runs_dir
 from sprint.cli import UserError, arg, parse, progress, run, validate
 from sprint.data import mnist_tensors
 
@@ -262,8 +262,6 @@ def main(argv=None):
           f"{mnist['train_s']:.1f} s of training")
 
     write_results(out, experiments, mnist)
-    write_fragment(out, readme_xor)
-    write_fragment(out, readme_mnist)
     return {"experiments": experiments, "mnist": mnist}
 
 

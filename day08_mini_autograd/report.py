@@ -1,9 +1,8 @@
-"""Day 8's report: the experiments' answers in words, the plot and the summary file that `main.py` writes, and the
-README's XOR and MNIST tables (`results/readme_*.md`)."""
+"""Day 8's report: the experiments' answers in words, and what `main.py` writes: the plot, the summary file and its
+tables (`results/summary.md`: the four self-check questions, then MNIST by epoch)."""
 import json
-from pathlib import Path
 
-from sprint import machine, markdown_table, read_json
+from sprint import machine, markdown_table
 from sprint.plots import save, subplots
 
 
@@ -48,12 +47,12 @@ def write_results(out, experiments, mnist):
     summary["xor_no_zero_grad_min_loss"] = min(experiments["xor_no_zero_grad"]["losses"])
     summary["mnist"] = mnist
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out / 'day08.png'} and summary.json")
+    (out / "summary.md").write_text(f"{xor_table(summary)}\n\n{mnist_table(summary)}\n")
+    print(f"wrote {out / 'day08.png'} and summary.json, .md")
 
 
-def readme_xor(results: Path) -> str:
-    """The README's table of the four self-check questions, from `summary.json`."""
-    d = read_json(results / "summary.json")
+def xor_table(d: dict) -> str:
+    """The four self-check questions, from the summary."""
     x = f"{d['probe_x']:.0f}"
     return markdown_table(["question", "experiment", "measured", "gate"], [
         ["—", "correct engine: XOR final MSE", f"**{d['xor_final_loss']:.5f}**", "< 0.01"],
@@ -73,8 +72,8 @@ def readme_xor(results: Path) -> str:
     ])
 
 
-def readme_mnist(results: Path) -> str:
-    """The README's MNIST table, one row per epoch of `summary.json`'s `mnist.history`."""
-    history = read_json(results / "summary.json")["mnist"]["history"]
+def mnist_table(d: dict) -> str:
+    """MNIST, one row per epoch of the summary's `mnist.history`."""
+    history = d["mnist"]["history"]
     return markdown_table(["epoch", "train loss", "test accuracy"],
                           [[r["epoch"], f"{r['train_loss']:.3f}", f"{r['test_acc']:.2%}"] for r in history])

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from day04_mlp_mnist import main as day04
-from day09_cnn.report import readme_residual, write_report
-from sprint import runs_dir, write_fragment
+from day09_cnn.report import write_report
+from sprint import runs_dir
 from sprint.cli import UserError, arg, parse, progress, run, validate
 from sprint.data import mnist_split, mnist_tensors
 from sprint.device import pick_device
@@ -254,7 +254,6 @@ def main(argv=None) -> dict:
     result = compare(cfg)
     demo = reconciliation_demo(result["resnet"]["model"])
     lines = write_report(out, result, demo)
-    write_fragment(out, readme_residual)
     return result | {"conclusion": lines, "state_dict": demo}
 
 

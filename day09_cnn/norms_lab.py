@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sprint import machine, read_json, runs_dir, write_fragment, write_results
+from sprint import machine, runs_dir, write_results
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.data import mnist_split
 from sprint.measure import median_seconds
@@ -270,7 +270,6 @@ def main(argv=None) -> dict:
     write_results(out, "norms", text, result)
     plot(result, out / "norms.png")
     print(f"wrote {out / 'norms.png'}")
-    write_fragment(out, readme_norms)
     return result
 
 
@@ -289,41 +288,6 @@ def norms_line(lab: dict) -> str:
 def forgotten_eval_cost(lab: dict) -> float:
     """The accuracy points a validation pass without `model.eval()` (over label-sorted batches) costs."""
     return 100 * (lab["forgotten_eval"]["clean"] - lab["forgotten_eval"]["after_sorted"])
-
-
-def readme_norms(results: Path) -> str:
-    """The README's normalisation findings, from `norms.json`."""
-    lab = read_json(results / "norms.json")
-    batch, forgot, speed = lab["batch_dependence"], lab["forgotten_eval"], lab["rmsnorm_speed"]
-    return "\n".join([
-        f"- **Batch statistics need a batch.** BatchNorm gets {norm_acc(lab, 'BatchNorm', 128):.1%} at batch 128 but "
-        f"{norm_acc(lab, 'BatchNorm', 2):.1%} at batch 2, where GroupNorm gets {norm_acc(lab, 'GroupNorm', 2):.1%} "
-        f"and LayerNorm {norm_acc(lab, 'LayerNorm', 2):.1%}. In train mode each feature is normalised over two "
-        "numbers (the outputs become ±1); the running averages that eval mode uses are estimated from those noisy "
-        "pairs. GroupNorm and LayerNorm compute their statistics inside each sample, so the batch size does not "
-        "enter them. In a CNN, BatchNorm2d also pools every channel over its H × W positions, which softens this "
-        "without removing it (curriculum: \"batch 太小时 batch 统计量噪声大\").",
-        "- **Train vs eval mode.** In train mode, swapping sample 0's 31 batch-mates changes its logits by up to "
-        f"{batch['sample_change_train']:.2f}; in eval mode by {batch['sample_change_eval']:.3g} (running statistics: "
-        "deterministic per sample). On one batch the train-mode and eval-mode logits differ by up to "
-        f"{batch['train_vs_eval']:.2f}.",
-        f"- **Batch of 1 in train mode** raises PyTorch's own error: `{lab['batch_of_one']['train_error']}`. Eval mode "
-        "and LayerNorm take the single sample. The usual source is the last partial batch of an epoch: "
-        "`drop_last=True` on the training loader.",
-        "- **A validation pass that forgot `model.eval()`** (under `no_grad`, which does not stop BatchNorm from "
-        "updating its running statistics), over batches of 64 sorted by label, as a dataset stored class by class "
-        f"yields: the loop reports {forgot['reported_sorted']:.2%} instead of {forgot['clean']:.2%}, and afterwards "
-        f"the eval-mode accuracy is {forgot['after_sorted']:.2%} (−{forgotten_eval_cost(lab):.1f} points) because "
-        "the running statistics now describe the last classes seen. Over shuffled batches the damage is smaller "
-        f"({forgot['after_shuffled']:.2%}): the bug hides until the data are ordered. An eval-mode pass changes the "
-        f"running statistics by {forgot['eval_pass_stats_change']:.3g}.",
-        "- **RMSNorm** is LayerNorm without the centring, `x / sqrt(mean(x²) + eps) · weight`; the four-line module in "
-        "`norms_lab.py` equals `torch.nn.RMSNorm` (same eps): max difference of outputs and gradients "
-        f"{lab['rmsnorm_max_diff']:.3g}. Its speed is not universal: on {lab['machine']}, with "
-        f"{speed['threads']} torch thread(s) and a 4096×1024 float32 input, LayerNorm's fused kernel took {speed['ms']['LayerNorm']:.2f} ms, `torch.nn.RMSNorm` "
-        f"{speed['ms']['torch.nn.RMSNorm']:.2f} ms and the four lines {speed['ms']['RMSNorm (ours)']:.2f} ms. The "
-        "10–30% saving the curriculum quotes is for fused GPU kernels, where both are memory-bound and RMSNorm skips "
-        "the mean."])
 
 
 if __name__ == "__main__":

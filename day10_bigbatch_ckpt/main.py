@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from sprint import runs_dir, write_fragment
+from sprint import runs_dir
 from sprint.cli import arg, parse, progress, run, validate
 from sprint.device import pick_device
 from sprint import machine
@@ -271,8 +271,6 @@ def main(argv=None) -> dict:
     result = run_study(cfg)
     result.update(machine=machine(), torch=torch.__version__, wall_s=time.perf_counter() - t0)
     print(report.write(result, out))
-    for fragment in (report.readme_intro, report.readme_memory, report.readme_timings, report.readme_memcalc):
-        write_fragment(out, fragment)
     return result
 
 

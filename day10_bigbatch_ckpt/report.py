@@ -1,12 +1,10 @@
 """Day 10's report: the Markdown tables and the plot README shows, built from `main.run_study()`'s figures, plus
-the memory calculator's 12 GB table and worked examples (every committed results file of the day but levers.*), and
-the README fragments that quote them (`results/readme_*.md`)."""
+the memory calculator's 12 GB table and worked examples (every committed results file of the day but levers.*)."""
 import json
 from pathlib import Path
 
 from day10_bigbatch_ckpt import memcalc, memcalc_examples
 from day10_bigbatch_ckpt.main import MODES
-from sprint import markdown_table, read_json
 from sprint.plots import save, subplots
 
 MiB = 2**20
@@ -130,69 +128,3 @@ def memtable(results: Path, scenario: str, column: str = "total") -> str:
     if len(rows) != 1:
         raise ValueError(f"memory_table_12gb.md: {len(rows)} rows start with {scenario!r}")
     return rows[0][header.index(column)]
-
-
-def readme_intro(results: Path) -> str:
-    """The README's first line of results: the command, the machine, the wall time (`summary.json`)."""
-    summary = read_json(results / "summary.json")
-    return (f"`python day10_bigbatch_ckpt/main.py --out day10_bigbatch_ckpt/results` on {summary['machine']}, torch "
-            f"{summary['torch']}; the whole run took {summary['wall_s']:.1f} s — "
-            "[results/memory_vs_batch.md](results/memory_vs_batch.md). Byte counts are exact: they do not depend on "
-            "the machine's load or thread count; only the step times do.")
-
-
-def readme_memory(results: Path) -> str:
-    """The README's memory findings, from `summary.json`."""
-    s = read_json(results / "summary.json")
-    largest = s["largest_batch"]
-    peak, saved = largest["true peak"], largest["saved for backward"]
-    profiler = " / ".join(f"{b / 2**20:.2f}" for b in s["profiler_peak_bytes"].values())
-    counter = " / ".join(f"{mib_of(s, 'peak_bytes', mode):.2f}" for mode in MODES)
-    return "\n".join([
-        "- **Linear in the batch**: both figures double with the batch (gates: saved and fp32 peak within 2.0 ± 0.1; "
-        f"measured ratio {linear_ratio(s):.3f}).",
-        f"- **Checkpointing keeps {cut(s, 'saved_bytes'):.1%} fewer bytes for backward, but cuts the true peak by "
-        f"{cut(s, 'peak_bytes'):.1%}** (batch {s['batches'][-1]}). Saved bytes see only what is held between the "
-        "passes (each block's input); the peak also holds one block's forward temporaries — "
-        f"{mib_of(s, 'forward_peak_bytes', 'fp32 + checkpoint'):.2f} MiB of the "
-        f"{mib_of(s, 'peak_bytes', 'fp32 + checkpoint'):.2f} MiB are reached during the forward pass, mostly the b·a·s² "
-        "attention scores — and that block's recomputation in backward. The cut lies inside the curriculum's "
-        f"\"activations −60–80%\" for lever 2 (gated at batch 16: {cut(s, 'peak_bytes', batch_index=2):.1%}). "
-        f"Gradients are identical: max |Δ| / (atol + rtol·|ref|) = {s['grad_allclose_ratio']:.3g}, dropout included "
-        "(checkpoint replays the RNG state).",
-        f"- **bf16 autocast**: {cut(s, 'saved_bytes', 'bf16 autocast'):.1%} fewer saved bytes and a "
-        f"{cut(s, 'peak_bytes', 'bf16 autocast'):.1%} lower peak, not 50%: LayerNorm runs in fp32 under autocast, so "
-        "the residual stream stays fp32, and the bf16 copies of the weights count too.",
-        f"- **Largest batch within a {s['budget_bytes'] / 2**20:.0f} MiB budget, by the true peak: {peak['fp32']} "
-        f"plain, {peak['fp32 + checkpoint']} checkpointed, {peak['bf16 autocast']} with bf16.** By saved bytes it "
-        f"would be {saved['fp32']}, {saved['fp32 + checkpoint']} and {saved['bf16 autocast']}: for the checkpointed "
-        "step saved bytes overstate the batch that fits "
-        f"{saved['fp32 + checkpoint'] / peak['fp32 + checkpoint']:.1f}×. Found from the measured line, then "
-        "confirmed by measuring b and b+1.",
-        f"- **Two witnesses agree**: at batch {s['batches'][-1]} the profiler's allocation record peaks at {profiler} "
-        f"MiB, the live-allocation counter at {counter} MiB (gate: within 1% in every mode at batch 16)."])
-
-
-def readme_timings(results: Path) -> str:
-    """The README's step times, from `summary.json` and the AVX2-capped run's `avx2/summary.json`: fp32 in ms, the
-    other modes as multiples of it (one run each), with each file's machine."""
-    rows = []
-    for path in (results / "summary.json", results / "avx2" / "summary.json"):
-        summary = read_json(path)
-        steps = summary["step_seconds"]
-        rows.append([summary["machine"], f"{steps['fp32'] * 1e3:.1f} ms",
-                     *(f"×{steps[mode] / steps['fp32']:.2f}" for mode in MODES[1:])])
-    return markdown_table(["CPU", "fp32", "checkpointed", "bf16 autocast"], rows, "lrrr")
-
-
-def readme_memcalc(results: Path) -> str:
-    """The root README's sentence before the 12 GB table: how many of `memcalc_examples.md`'s figures match, from how
-    many CLI calls (the rows that start one; the others continue the call above)."""
-    calls = sum(line.startswith("| ") and not line.startswith(("| example", "|  |"))
-                for line in (results / "memcalc_examples.md").read_text().splitlines())
-    return (
-        "The memory-budget calculator (`python day10_bigbatch_ckpt/memcalc.py examples`) reproduces every worked "
-        f"example of the curriculum's memory section ({matches(results)} figures match, from {calls} CLI calls). Its "
-        "12 GB table (`python day10_bigbatch_ckpt/memcalc.py table`; 1 GB = 1e9 bytes, bf16 autocast + AdamW, "
-        "s = 512, a fixed 0.8 GB plus activations × 1.3; `python day10_bigbatch_ckpt/main.py` writes both to "
-        "`results/`):")

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from day04_mlp_mnist.main import MLP
 from day11_profile.main import prepared
-from sprint import machine, read_json, runs_dir, write_fragment, write_results
+from sprint import machine, runs_dir, write_results
 from sprint.cli import UserError, arg, parse, run, validate
 from sprint.measure import median_seconds
 
@@ -209,7 +209,6 @@ def main(argv=None) -> dict:
     text = report(result)
     print(text + "\n")
     write_results(out, "compile", text, result)
-    write_fragment(out, readme_compile)
     return result
 
 
@@ -217,21 +216,6 @@ def compiled_ratio(lab: dict) -> float:
     """A compiled step's time over an eager one's, once compiled (`compile.json`)."""
     steady = lab["compile"]["steady_step_s"]
     return steady["compiled"] / steady["eager"]
-
-
-def readme_compile(results: Path) -> str:
-    """The README's findings on `torch.compile`, from `compile.json`."""
-    lab = read_json(results / "compile.json")
-    first = lab["compile"]["first_step_s"]
-    return "\n".join([
-        f"- **Compiling is expensive, once**: the first compiled step took {first['compiled, cold']:.2f} s with an "
-        "empty cache (what a fresh machine or CI pays: tracing, AOTAutograd, C++ code generation and a gcc build), "
-        f"{first['compiled, warm']:.2f} s when the same graph was read back from inductor's on-disk cache. A compiled "
-        f"step then costs ×{compiled_ratio(lab):.2f} an eager one here: this step is two matmuls that already run in "
-        "oneDNN, so there is little for fusion to win on a CPU. Compile pays off where many small element-wise ops or "
-        "Python overhead dominate, and on GPUs (fused kernels, CUDA graphs with `mode=\"reduce-overhead\"`).",
-        f"- **Same numbers**: the first {lab['config']['check_steps']} losses agree to "
-        f"{lab['compile']['max_loss_diff']:.1e}."])
 
 
 if __name__ == "__main__":

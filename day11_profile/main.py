@@ -37,7 +37,7 @@ from torchvision.transforms import v2
 from day04_mlp_mnist.main import MLP
 from day11_profile.bands import classify
 from day11_profile.gpu_util import gpu_utilisation
-from sprint import runs_dir, write_fragment
+from sprint import runs_dir
 from sprint.cli import arg, parse, progress, run, unwritable, validate
 from sprint.data import MEAN, STD, mnist
 from sprint.device import pick_device
@@ -324,7 +324,6 @@ def main(argv=None) -> dict:
     study = report.write(study, out)
     print(f"\n{report.conclusion(study).replace('**', '')}\n\nwrote {out}/report.md, before_after.png, "
           f"key_averages_*.txt, summary.json; traces in {cfg.prof_dir}")
-    write_fragment(out, report.readme_intro)
     return study
 
 

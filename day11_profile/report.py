@@ -242,10 +242,3 @@ def write(study: dict, out: Path) -> dict:
                "profiles": {n: {k: v for k, v in p.items() if k != "table"} for n, p in study["profiles"].items()}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return study
-
-
-def readme_intro(results: Path) -> str:
-    """The README's first line of results: the command, the machine, the wall time (`summary.json`)."""
-    summary = read_json(results / "summary.json")
-    return (f"`python day11_profile/main.py --out day11_profile/results` on {summary['machine']}; the whole run took "
-            f"{summary['wall_s']:.0f} s. Full report: [results/report.md](results/report.md).")

@@ -1,53 +1,38 @@
-"""The READMEs' generated blocks: each day's fragments, included verbatim, and the few figures that combine days.
+"""The READMEs' generated blocks: results tables included verbatim, and the few tables that combine runs or days.
 
 A block sits between two HTML comments (invisible on GitHub):
 
     <!-- include: PATH -->                 a Markdown file (PATH relative to the README), verbatim
     <!-- include: PATH table=N -->         ... only its N-th table (`paragraph=N`, `section=TITLE` likewise)
-    <!-- generated: NAME -->               BLOCKS[NAME](): the root README's and INTERVIEW.md's cross-day figures
+    <!-- generated: NAME -->               BLOCKS[NAME](): a table combining results files (the root README's,
+                                           INTERVIEW.md's, and a day's that sets two runs side by side)
     <!-- end generated -->
 
-An included results report has its relative links rewritten to work from the README; a fragment is written for its
-README, links and all.
-
-A day's README figures are fragments (`results/readme_*.md`) that the command which measured them writes next to its
-results (`sprint.write_fragment`); FRAGMENTS names the functions that make them. `python scripts/report.py --readme`
-re-makes every fragment from the committed results files, then every block; tests/test_report.py fails when a README
-block, its fragment and what the function makes of the results files are not all the same.
+An included results report has its relative links rewritten to work from the README. Each command writes its tables
+(`results/*.md`) beside its figures; `python scripts/report.py --readme` re-makes every block from the committed
+results files, and tests/test_report.py fails when a README block differs from what its results files make.
 """
-import inspect
 import os
 import re
 import statistics
+import textwrap
 from functools import partial
 from pathlib import Path
 
-from day01_env_and_tensors.report import readme_environment
-from day04_mlp_mnist.report import readme_results
-from day05_dataloader.report import readme_demos, readme_workers
-from day06_ckpt_resume.overfit_lab import gap_ratios, readme_overfit
-from day06_ckpt_resume.prove_resume import readme_optimizer, readme_resume, state_verdict
-from day07_amp_accum.report import by_precision, readme_cpu_bf16, readme_precision, readme_training
-from day07_amp_accum.optim_lab import linear_rule, readme_optim, warmup_range
-from day08_mini_autograd.bench import readme_bench
-from day08_mini_autograd.report import readme_mnist, readme_xor
-from day09_cnn.bench import readme_seeds
-from day09_cnn.report import readme_residual
-from day09_cnn.norms_lab import forgotten_eval_cost, norm_acc, norms_line, readme_norms
+from day06_ckpt_resume.overfit_lab import gap_ratios
+from day06_ckpt_resume.prove_resume import state_verdict
+from day07_amp_accum.report import by_precision
+from day07_amp_accum.optim_lab import linear_rule, warmup_range
+from day09_cnn.norms_lab import forgotten_eval_cost, norm_acc, norms_line
 from day09_cnn.transfer_lab import transfer_gains
 from day10_bigbatch_ckpt.levers_lab import lora_share
-from day10_bigbatch_ckpt.report import (cut, linear_ratio, matches, memtable, readme_intro as day10_intro,
-                                        readme_memcalc, readme_memory, readme_timings)
-from day11_profile.compile_lab import compiled_ratio, readme_compile
-from day11_profile.report import readme_intro as day11_intro
-from sprint import fragment_text, markdown_table, read_json, wrap
+from day10_bigbatch_ckpt.main import MODES as DAY10_MODES
+from day10_bigbatch_ckpt.report import cut, linear_ratio, matches, memtable
+from day11_profile.compile_lab import compiled_ratio
+from sprint import markdown_table, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DAYS = {int(p.name[3:5]): p.name for p in sorted(ROOT.glob("day[0-9][0-9]_*")) if p.is_dir()}
-FRAGMENTS = [readme_environment, readme_results, readme_demos, readme_workers, readme_resume, readme_optimizer,
-             readme_overfit, readme_training, readme_precision, readme_cpu_bf16, readme_optim, readme_xor, readme_mnist,
-             readme_bench, readme_seeds, readme_residual, readme_norms, day10_intro, readme_memory, readme_timings,
-             readme_memcalc, day11_intro, readme_compile]
 BEGIN = re.compile(r"^<!-- (generated|include): (.+?) -->$")
 END = "<!-- end generated -->"
 
@@ -56,19 +41,26 @@ class FigureError(Exception):
     """A block that cannot be made: no end marker, a missing file, a selector that selects nothing."""
 
 
+def wrap(text: str, width: int = 118) -> str:
+    """Prose lines folded at `width` like the hand-written text around them (bullets keep a hanging indent); table
+    rows, fenced blocks and `code` stay whole."""
+    lines, fenced = [], False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or line.startswith(("|", "```")) or len(line) <= width:
+            lines.append(line)
+            continue
+        indent = "  " if line.startswith("- ") else ""
+        glued = re.sub(r"`[^`]*`", lambda m: m[0].replace(" ", "\0"), line)
+        lines += [part.replace("\0", " ") for part in textwrap.wrap(
+            glued, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)]
+    return "\n".join(lines)
+
+
 def load(day: int, name: str = "summary.json"):
     """A committed results file of day `day`."""
     return read_json(ROOT / DAYS[day] / "results" / name)
-
-
-def results_folder(fragment) -> Path:
-    """The results folder whose files `fragment` reads: its day's committed `results/`."""
-    return Path(inspect.getfile(fragment)).parent / "results"
-
-
-def fragment_file(fragment) -> Path:
-    """Where the day's command writes `fragment` (`sprint.write_fragment`)."""
-    return results_folder(fragment) / f"{fragment.__name__}.md"
 
 
 # --- the cross-day figures ------------------------------------------------------------------------------------------
@@ -345,6 +337,32 @@ def results_table() -> str:
     return markdown_table(["result", "command", "measured"], rows)
 
 
+def cpu_bf16_table() -> str:
+    """README.md and Day 7: what native bf16 is worth on a CPU, from Day 7's run on this CPU and its run capped at
+    AVX2 (`results/avx2/`)."""
+    rows = []
+    for label, name in (("native (AMX-BF16 / AVX512-BF16)", "summary.json"), ("capped at AVX2", "avx2/summary.json")):
+        run = by_precision(load(7, name))
+        fp32, fp16, bf16 = run["off"], run["fp16"], run["bf16"]
+        rows.append([label, f"{fp32['matmul_gflops']:.1f}", f"{bf16['matmul_gflops']:.1f}",
+                     f"{bf16['matmul_gflops'] / fp32['matmul_gflops']:.3g}", f"{bf16['step_ms'] / fp32['step_ms']:.2f}",
+                     f"{fp16['step_ms'] / fp32['step_ms']:.2f}"])
+    return markdown_table(["Day 7's CPU kernels", "fp32 matmul 256³ (GFLOP/s)", "bf16 matmul (GFLOP/s)",
+                           "bf16 ÷ fp32", "MLP step, bf16 ÷ fp32 time", "fp16 ÷ fp32 time"], rows, "lrrrrr")
+
+
+def day10_timings_table() -> str:
+    """Day 10's step times from its run on this CPU and its run capped at AVX2 (`results/avx2/`): fp32 in ms, the
+    other modes as multiples of it (one run each), with each run's machine."""
+    rows = []
+    for name in ("summary.json", "avx2/summary.json"):
+        summary = load(10, name)
+        steps = summary["step_seconds"]
+        rows.append([summary["machine"], f"{steps['fp32'] * 1e3:.1f} ms",
+                     *(f"×{steps[mode] / steps['fp32']:.2f}" for mode in DAY10_MODES[1:])])
+    return markdown_table(["CPU", "fp32", "checkpointed", "bf16 autocast"], rows, "lrrr")
+
+
 def machine_line() -> str:
     """README.md (and REPORT.md): the machines the results files name, each reduced to its CPU model and cores."""
     found = set()
@@ -473,7 +491,7 @@ def interview(n: int) -> str:
     return "\n".join(f"- `{command}`: {text}" for command, text in interview_evidence()[n])
 
 
-BLOCKS = {"days": days_table, "results": results_table, "machines": machine_line,
+BLOCKS = {"days": days_table, "results": results_table, "machines": machine_line, "cpu-bf16": cpu_bf16_table, "day10-timings": day10_timings_table,
           **{f"interview-{n}": partial(interview, n) for n in range(1, 15)}}
 
 
@@ -540,10 +558,7 @@ def block(kind: str, arg: str, md: Path) -> str:
     path = (md.parent / ref).resolve()
     if not path.is_file():
         raise FigureError(f"{where}: {ref} does not exist")
-    text = select(path.read_text(), selector.strip(), where)
-    if path.name.startswith("readme_"):  # a fragment: written for the README, links and all
-        return text
-    return relink(text, path.parent, md.parent)
+    return relink(select(path.read_text(), selector.strip(), where), path.parent, md.parent)
 
 
 def render(text: str, md: Path) -> str:
@@ -568,33 +583,14 @@ def files() -> list[Path]:
     return [ROOT / "README.md", ROOT / "INTERVIEW.md", *sorted(ROOT.glob("day*/README.md"))]
 
 
-def stale_fragments() -> list:
-    """The fragments whose file differs from what their function makes of the committed results files."""
-    return [f for f in FRAGMENTS if not fragment_file(f).is_file()
-            or fragment_file(f).read_text() != fragment_text(f, results_folder(f))]
-
-
 def stale() -> list[Path]:
     """The Markdown files whose blocks differ from what `write_all` would write."""
     return [md for md in files() if md.is_file() and render(md.read_text(), md) != md.read_text()]
 
 
-def stray_fragments() -> list[Path]:
-    """Fragment files that no function in FRAGMENTS makes: those a command wrote into a results subfolder (the
-    AVX2-capped runs' `results/avx2/`), or those of a fragment since removed."""
-    made = {fragment_file(f) for f in FRAGMENTS}
-    return [p for p in sorted(ROOT.glob("day*/results/**/readme_*.md")) if p not in made]
-
-
 def write_all() -> list[Path]:
-    """Every fragment re-made from the committed results files (stray ones removed), then every block; returns the
-    files that changed."""
-    changed = stray_fragments()
-    for path in changed:
-        path.unlink()
-    for fragment in stale_fragments():
-        fragment_file(fragment).write_text(fragment_text(fragment, results_folder(fragment)))
-        changed.append(fragment_file(fragment))
+    """Every block re-made from the committed results files; returns the files that changed."""
+    changed = []
     for md in files():
         if md.is_file() and (new := render(old := md.read_text(), md)) != old:
             md.write_text(new)

@@ -4,9 +4,10 @@ figures of the committed results files, the interview evidence and the plots.
 
 Run:  python scripts/report.py            REPORT.md; re-runs the gates of each folder whose code changed since they ran
       python scripts/report.py --fresh    re-run every gate first (the whole suite)
-      python scripts/report.py --readme   re-make the README fragments (`results/readme_*.md`) from the committed
-                                          results files, then the blocks of README.md, INTERVIEW.md and the day
-                                          READMEs (runs no gate)
+      python scripts/report.py --gates    also re-make each day's committed gates table (`results/gates.md`, which
+                                          its README includes) from its recorded run, where every test passed
+      python scripts/report.py --readme   re-make the blocks of README.md, INTERVIEW.md and the day READMEs from the
+                                          committed results files (runs no gate)
 
 Exit code 1 when a gate or a test failed. REPORT.md is git-ignored: it describes one machine at one moment.
 """
@@ -158,6 +159,45 @@ def gate_rows(records: dict[str, dict]) -> tuple[list[str], dict]:
     return rows, counts
 
 
+def gates_table(record: dict) -> str:
+    """A day's recorded run as its README shows it: each test, named for the claim it proves, with every gate it
+    recorded (the figure it measured and what it requires); a test that recorded none says how it ended."""
+    by_test = {}
+    for g in record["gates"]:
+        by_test.setdefault(g["test"], []).append(g)
+    outcomes = [t["outcome"] for t in record["tests"].values()]
+    when = datetime.datetime.fromtimestamp(record["started"]).strftime("%Y-%m-%d")
+    lines = [f"Recorded on {when} by the day's tests (`python scripts/report.py --gates`): {len(outcomes)} tests, "
+             f"{outcomes.count('passed')} passed, {outcomes.count('skipped')} skipped; {len(record['gates'])} gates. "
+             f"{record['machine']}, torch {record['torch']}.", "",
+             "| test | gate | measured | required |", "| --- | --- | --- | --- |"]
+    for nodeid, test in record["tests"].items():
+        name = f"`{cell(nodeid.split('::', 1)[-1])}`"
+        gates = by_test.get(nodeid, [])
+        if test["outcome"] == "skipped":
+            lines.append(f"| {name} | skipped: {cell(test['message'])} | — | — |")
+        elif not gates:
+            lines.append(f"| {name} | (plain assertions, no recorded figure) | — | — |")
+        for i, g in enumerate(gates):
+            lines.append(f"| {name if i == 0 else ''} | {cell(g['name'])} | {cell(g['measured'])} "
+                         f"| {g['op']} {cell(g['threshold'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_gates_tables(records: dict[str, dict]) -> None:
+    """`results/gates.md` of each day whose recorded run passed whole (a failed run never replaces the table)."""
+    for folder, record in records.items():
+        if folder not in figures.DAYS.values():
+            continue
+        failed = [n for n, t in record["tests"].items() if t["outcome"] == "failed"] + record["collect_errors"]
+        if failed:
+            print(f"not written: {folder}/results/gates.md ({len(failed)} failed: {failed[0]} ...)")
+            continue
+        path = ROOT / folder / "results" / "gates.md"
+        path.write_text(gates_table(record))
+        print(f"wrote {path.relative_to(ROOT)}")
+
+
 def interview_rows(records: dict[str, dict]) -> list[str]:
     """Each test INTERVIEW.md cites, with the gates it recorded in the run above."""
     if not INTERVIEW.is_file():
@@ -239,8 +279,11 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--fresh", action="store_true", help="re-run every gate, even where nothing changed")
-    what.add_argument("--readme", action="store_true", help="re-make the READMEs' fragments and blocks; run no gate")
+    what.add_argument("--readme", action="store_true", help="re-make the READMEs' blocks; run no gate")
+    parser.add_argument("--gates", action="store_true", help="also re-make each day's results/gates.md")
     args = parser.parse_args(argv)
+    if args.readme and args.gates:
+        parser.error("--gates runs the gates; --readme runs none: give one")
     if args.readme:
         try:
             changed = figures.write_all()
@@ -250,7 +293,7 @@ def main(argv=None) -> int:
         for path in changed:
             print(f"{'rewrote' if path.exists() else 'removed'} {path.relative_to(ROOT)}")
         if not changed:
-            print("every fragment and block is current")
+            print("every block is current")
         return 0
     reasons = {f: "--fresh" if args.fresh else stale_reason(f) for f in FOLDERS if test_files(f)}
     stale = [f for f, why in reasons.items() if why]
@@ -267,6 +310,8 @@ def main(argv=None) -> int:
         when = datetime.datetime.fromtimestamp(record.get("started", 0)).strftime("%Y-%m-%d %H:%M")
         sources_[folder] = "this run" if folder in stale else f"the run of {when} (no change since)"
     counts = write_report(records, sources_)
+    if args.gates:
+        write_gates_tables(records)
     print(f"wrote {REPORT.relative_to(ROOT)}: {counts['PASS']} gates PASS, {counts['FAIL']} FAIL, "
           f"{counts['SKIP']} tests skipped")
     return 1 if counts["FAIL"] else 0

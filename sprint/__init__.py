@@ -1,12 +1,10 @@
 """Small shared helpers: offline MNIST (`data`), device choice (`device`), gate recording (`gates`),
 command lines (`cli`), measurements (`measure`) and plots (`plots`)."""
-import inspect
 import json
 import os
 import platform
 import re
 import sys
-import textwrap
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -41,49 +39,6 @@ def markdown_table(header: list[str], rows: list[list], align: str = "") -> str:
              "| " + " | ".join(marks[a] for a in (align or "l" * len(header))) + " |"]
     lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def wrap(text: str, width: int = 118) -> str:
-    """Prose lines folded at `width` like the hand-written text around them (bullets keep a hanging indent); table
-    rows, fenced blocks and `code` stay whole."""
-    lines, fenced = [], False
-    for line in text.split("\n"):
-        if line.startswith("```"):
-            fenced = not fenced
-        if fenced or line.startswith(("|", "```")) or len(line) <= width:
-            lines.append(line)
-            continue
-        indent = "  " if line.startswith("- ") else ""
-        glued = re.sub(r"`[^`]*`", lambda m: m[0].replace(" ", "\0"), line)
-        lines += [part.replace("\0", " ") for part in textwrap.wrap(
-            glued, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)]
-    return "\n".join(lines)
-
-
-def fragment_text(fragment, results: Path) -> str:
-    """The Markdown `fragment(results)` makes from the results files in `results`, folded as a README shows it."""
-    return wrap(fragment(Path(results)).strip("\n")) + "\n"
-
-
-def write_fragment(out: Path, fragment) -> None:
-    """`out/<fragment's name>.md`: Markdown made from the results files in `out`, which the day's README includes
-    verbatim (`<!-- include: results/NAME.md -->`: its links are relative to the day folder). Written only into the
-    day's own `results/` (a run into `runs/`, or the AVX2-capped run's `results/avx2/`, has no README to feed), and
-    there not written, with a line saying why, while a results file it reads is missing or lacks a figure it quotes
-    (a run with smaller settings than the committed one: fewer batches, seeds or modes). The committed fragments are
-    checked without either excuse (tests/test_report.py)."""
-    if Path(out).resolve() != Path(inspect.getfile(fragment)).resolve().parent / "results":
-        return
-    try:
-        text = fragment_text(fragment, out)
-    except FileNotFoundError as exc:
-        print(f"not written: {fragment.__name__}.md needs {exc.filename}")
-        return
-    except (LookupError, StopIteration) as exc:
-        print(f"not written: {fragment.__name__}.md quotes a figure this run does not have ({exc!r})")
-        return
-    (out / f"{fragment.__name__}.md").write_text(text)
-    print(f"wrote {out / fragment.__name__}.md")
 
 
 def cpu_info() -> tuple[str, set[str]]:

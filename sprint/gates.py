@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
-from sprint import REPO_ROOT, RUNS_ROOT
+from sprint import REPO_ROOT, RUNS_ROOT, machine
 
 GATES_DIR = RUNS_ROOT / "gates"
 
@@ -225,8 +225,9 @@ class OutcomeRecorder:
                     folder not in self.errors and self.files.get(folder) != self.test_files(session.config, folder)):
                 continue
             record = {"folder": folder, "started": self.started, "finished": time.time(), "torch": version("torch"),
-                      "files": sorted(self.files.get(folder, ())), "collect_errors": self.errors.get(folder, []),
-                      "tests": {n: self.tests[n] for n in sorted(nodeids)},
+                      "machine": machine(), "files": sorted(self.files.get(folder, ())),
+                      "collect_errors": self.errors.get(folder, []),
+                      "tests": {n: test for n, test in self.tests.items() if n in nodeids},  # in the order they ran
                       "gates": [{**asdict(r), "test": getattr(r, "test", None)}
                                 for r in RECORDED[self.first:] if r.day == folder]}
             write_json(self.out_dir / f"{folder}.outcomes.json", record)

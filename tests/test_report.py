@@ -19,28 +19,28 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import figures  # noqa: E402
 import report  # noqa: E402
 from day07_amp_accum import report as day07  # noqa: E402
-from sprint import fragment_text, write_fragment  # noqa: E402
 
 
-def test_every_fragment_is_what_its_function_makes_of_the_committed_results():
-    """A day's command writes its README fragments (`results/readme_*.md`) beside the results files they quote."""
-    stale = [figures.fragment_file(f).relative_to(ROOT).as_posix() for f in figures.stale_fragments()]
-    assert stale == [], "run `python scripts/report.py --readme`, then commit the fragments and READMEs"
-
-
-def test_every_readme_block_is_its_fragment_or_cross_day_figure():
+def test_every_readme_block_is_what_its_results_files_make():
     """After `scripts/refresh_results.py`, `python scripts/report.py --readme` brings the READMEs in line."""
     stale = [md.relative_to(ROOT).as_posix() for md in figures.stale()]
     assert stale == [], "run `python scripts/report.py --readme`, then commit the READMEs"
 
 
-def test_every_fragment_has_its_function_and_a_readme_that_includes_it():
-    assert figures.stray_fragments() == [], "run `python scripts/report.py --readme`: it removes them"
-    on_disk = {p.relative_to(ROOT) for p in ROOT.glob("day*/results/readme_*.md")}
-    assert on_disk == {figures.fragment_file(f).relative_to(ROOT) for f in figures.FRAGMENTS}
-    included = {(md.parent / ref).resolve().relative_to(ROOT) for md in figures.files()
-                for ref in re.findall(r"^<!-- include: (\S+)", md.read_text(), re.M)}
-    assert on_disk <= included, on_disk - included
+def test_no_readme_includes_prose_made_by_code():
+    """A README sentence is written in the README: results folders hold tables and reports, not README fragments."""
+    assert sorted(ROOT.glob("day*/results/**/readme_*.md")) == []
+    assert not [f for f in figures.files() if "include: results/readme_" in f.read_text()]
+
+
+def test_every_day_readme_includes_a_gates_table_of_the_tests_its_check_runs():
+    """`python scripts/report.py --gates` writes each day's `results/gates.md` from the day's recorded run: a test
+    added, renamed or removed since leaves the table stale."""
+    for day in figures.DAYS.values():
+        listed = re.findall(r"^\| `(test_\w+)", (ROOT / day / "results" / "gates.md").read_text(), re.M)
+        defined = re.findall(r"^def (test_\w+)", (ROOT / day / "check.py").read_text(), re.M)
+        assert set(listed) == set(defined), f"{day}: run `python scripts/report.py --gates`"
+        assert "<!-- include: results/gates.md -->" in (ROOT / day / "README.md").read_text(), day
 
 
 def test_the_readme_tables_are_generated_blocks():
@@ -57,27 +57,16 @@ def test_a_hand_edited_figure_is_found():
     assert figures.render(edited, readme) != edited
 
 
-def test_a_changed_results_file_or_fragment_is_found(tmp_path):
-    """The chain README == fragment == function(results files) breaks at either link: a figure changed in a results
-    file no longer matches its fragment, and the fragment re-made from it no longer matches the README."""
+def test_a_changed_results_table_is_found(tmp_path):
+    """A rerun that measures another figure rewrites its table, and the README that includes it is then stale."""
     day, results = ROOT / "day07_amp_accum", tmp_path / "results"
     shutil.copytree(day / "results", results)
-    readme, fragment = (day / "README.md").read_text(), day07.readme_training
+    readme = (day / "README.md").read_text()
     assert figures.render(readme, tmp_path / "README.md") == readme
     summary = json.loads((results / "summary.json").read_text())
     summary["training"]["test_acc"] -= 0.01
-    (results / "summary.json").write_text(json.dumps(summary))
-    assert fragment_text(fragment, results) != (results / "readme_training.md").read_text()
-    (results / "readme_training.md").write_text(fragment_text(fragment, results))  # what a rerun writes there
+    (results / "training.md").write_text(day07.training_table(summary))  # what a rerun writes there
     assert figures.render(readme, tmp_path / "README.md") != readme
-
-
-def test_a_run_outside_the_days_results_folder_writes_no_fragment(tmp_path):
-    """`runs/` and the AVX2-capped run's `results/avx2/` feed no README: no stray fragment files, no noise."""
-    results = Path(shutil.copytree(ROOT / "day07_amp_accum" / "results", tmp_path / "results"))
-    (results / "readme_training.md").unlink()
-    write_fragment(results, day07.readme_training)
-    assert not (results / "readme_training.md").exists()
 
 
 def test_a_block_without_its_end_marker_is_an_error(tmp_path):
@@ -173,6 +162,23 @@ def test_a_test_that_fails_before_its_gate_is_a_fail_row_in_the_report(recorded)
     assert [r for r in rows if "test_raises_before_its_gate" in r and "**FAIL**" in r]
     assert [r for r in rows if "speed-up at least 3x" in r and "**FAIL**" in r]
     assert not [r for r in rows if "test_fails_its_gate" in r], "a failed gate is its own row, not a second one"
+
+
+def test_a_gates_table_shows_each_test_with_its_gates_and_a_failed_run_writes_none(recorded, tmp_path, monkeypatch):
+    record = recorded[1]
+    passing = {**record, "gates": record["gates"][:1], "tests": {
+        n: {**t, "outcome": "passed"} for n, t in record["tests"].items() if n.endswith(("passes", "before_its_gate"))}}
+    assert report.gates_table(passing).splitlines()[2:] == [
+        "| test | gate | measured | required |", "| --- | --- | --- | --- |",
+        "| `test_passes` | accuracy above 98% | 0.985 | > 0.98 |",
+        "| `test_raises_before_its_gate` | (plain assertions, no recorded figure) | — | — |"]
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    monkeypatch.setitem(figures.DAYS, 99, "day99_example")
+    (tmp_path / "day99_example" / "results").mkdir(parents=True)
+    report.write_gates_tables({"day99_example": record})
+    assert not (tmp_path / "day99_example" / "results" / "gates.md").exists()
+    report.write_gates_tables({"day99_example": passing})
+    assert (tmp_path / "day99_example" / "results" / "gates.md").read_text() == report.gates_table(passing)
 
 
 def test_a_partial_run_keeps_the_last_complete_record(recorded):
