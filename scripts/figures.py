@@ -375,8 +375,9 @@ def machine_line() -> str:
             "timing claims are ratios measured within one run.")
 
 
-def interview_evidence() -> dict[int, list[tuple[str, str]]]:
-    """INTERVIEW.md: under each answer, the figures that back it, each with the command that writes them."""
+def interview_evidence() -> dict[int, list[tuple[str, str, str]]]:
+    """INTERVIEW.md: under each answer, the figures that back it: (the command that writes it, what it measures, the
+    figure)."""
     d2, d3, d4, d5, d6, d6o = load(2), load(3), load(4), load(5, "timing.json"), load(6), load(6, "overfit.json")
     d7, d9n, d10, d10l = load(7), load(9, "norms.json"), load(10), load(10, "levers.json")
     rnn, arch = load(12, "rnn_to_attention.json"), load(12, "architecture.json")
@@ -386,100 +387,95 @@ def interview_evidence() -> dict[int, list[tuple[str, str]]]:
     ranges, training = d7["ranges"], d7["training"]
     base, early = d6o["curves"]["no regularisation"], d6o["early_stop"]
     naive, optimised = day11_stages()
-    kills = (f"{sum(len(c['kill_at']) for c in chains)} SIGKILLs, "
-             f"{sum(c['comparison']['loss_mismatches'] for c in chains)} resumed steps whose loss differs, "
-             f"{state_verdict(d6)}")
-    fp16 = f"{ranges['fp16_70000']}, bf16 {ranges['bf16_70000']:,.0f}"
-    return {
-        1: [("python day04_mlp_mnist/main.py", f"the loop reaches {d4['test_acc']:.2%} test accuracy (G0: > 98%), the "
-             "test set evaluated once, after training"),
-            ("python day06_ckpt_resume/prove_resume.py", kills),
-            ("python day07_amp_accum/main.py", f"bf16 autocast, 4 micro-batches of 32 per step: "
-             f"{training['test_acc']:.2%} test accuracy after {training['step']} steps")],
-        2: [("python day07_amp_accum/main.py", "parameters + gradients + AdamW state: "
-             f"{joined((r['state_bytes'] / 1024 for r in d7['table']), '.0f')} KiB in fp32 / fp16 / bf16 autocast; "
-             f"bytes saved for backward: {joined((r['saved_bytes'] / 1024 for r in d7['table']), '.0f')} KiB"),
-            ("python day10_bigbatch_ckpt/memcalc.py table", "full fine-tune of 1.5B parameters: "
-             f"{memtable(table12, 'full fine-tune 1.5B', 'weights+grads+optim')} GB of weights, gradients and AdamW "
-             "state alone")],
-        3: [("python day09_cnn/norms_lab.py", f"validation accuracy, {norms_line(d9n)}"),
-            ("python day09_cnn/norms_lab.py", f"batch of one in train mode: `{d9n['batch_of_one']['train_error']}`"),
-            ("python day09_cnn/norms_lab.py", "RMSNorm in four lines vs `torch.nn.RMSNorm`: max difference "
-             f"{d9n['rmsnorm_max_diff']}")],
-        4: [("python day10_bigbatch_ckpt/main.py", "true peak of one fp32 step at batch 16 / 32 / 64: "
-             f"{joined((b / 2**20 for b in d10['peak_bytes']['fp32'][2:]), '.1f')} MiB (the micro-batch sets the "
-             "peak)"),
-            ("python day07_amp_accum/main.py", f"bf16, batch 128 as 4 × 32: {training['test_acc']:.2%} test accuracy")],
-        5: [("python day07_amp_accum/main.py", "weight gradients of 2⁻²⁸ that become 0: fp32 "
-             f"{ranges['zero_fraction_fp32']:.0%}, fp16 without scaling {ranges['zero_fraction_fp16_unscaled']:.0%}, "
-             f"fp16 with GradScaler {ranges['zero_fraction_fp16_scaled']:.0%} (then within "
-             f"{ranges['rel_error_fp16_scaled']:.1e} of fp32)"),
-            ("python day07_amp_accum/main.py", f"70,000 through a matmul: fp16 {fp16}")],
-        6: [("python day06_ckpt_resume/overfit_lab.py", f"{d6o['config']['subset']} images, no regularisation: "
-             f"{base['train_acc'][-1]:.0%} training accuracy; validation loss lowest at epoch {base['best_epoch']} "
-             f"({min(base['val_loss']):.3f}), {base['val_loss'][-1]:.3f} at epoch {d6o['config']['epochs']}"),
-            ("python day06_ckpt_resume/overfit_lab.py", f"early stopping after epoch {early['stopped_after_epoch']}; "
-             f"`best.pt` holds step {early['best_pt_step']}; gap with Dropout / weight decay / augmentation: "
-             f"×{gap_ratios(d6o)} of the unregularised gap")],
-        7: [("python day01_env_and_tensors/main.py", f"`a = arange(24).reshape(4,6)`: stride "
-             f"`{shape(views['a']['stride'])}`; `a.t()`: stride `{shape(views['transpose']['stride'])}`, contiguous "
-             f"{yes_no(views['transpose']['contiguous'])}, shares storage {yes_no(views['transpose_shares'])}; "
-             f"`a.t().reshape(24)` shares storage {yes_no(views['transpose_reshape_shares'])} (a silent copy); "
-             f"`a.t().view(24)`: `{views['transpose_view']['type']}`")],
-        8: [("python day02_autograd/main.py", "bytes autograd saves for `tanh(x @ W1) @ W2`: "
-             f"{saves['saved_bytes_with_grad']:,} with grad, {saves['saved_bytes_under_no_grad']} under `no_grad`; "
-             "`w * w.detach()` gives `w.grad` = w (max difference "
-             f"{saves['grad_of_w_times_detached_w_minus_w']})")],
-        9: [("python day10_bigbatch_ckpt/memcalc.py table", "full fine-tune 1.5B, b=2: "
-             f"{memtable(table12, 'full fine-tune 1.5B')}; LoRA 1.5B (9M trainable), b=2: "
-             f"{memtable(table12, 'LoRA 1.5B (9M')}; with checkpointing at b=8: {memtable(table12, 'LoRA 1.5B, b=8')}; "
-             f"QLoRA 7B: {memtable(table12, 'QLoRA 7B')}"),
-            ("python day10_bigbatch_ckpt/levers_lab.py", f"LoRA r={d10l['config']['rank']} on a tiny GPT keeps "
-             f"{lora_share(d10l):.1%} of the optimizer state")],
-        10: [("python day03_linreg/main.py", f"the stability limit 2/λ_max = {d3['lr_limit']:.3f}: above it the run "
-              "stops with one line instead of returning NaN"),
-             ("python day07_amp_accum/main.py", f"70,000 in fp16: {ranges['fp16_70000']} (bf16: "
-              f"{ranges['bf16_70000']:,.0f})")],
-        11: [("python day05_dataloader/main.py", f"one augmented epoch on {d5['cpu_count']} cores, "
-              f"{joined(r['num_workers'] for r in d5['rows'])} workers: "
-              f"{joined((r['train_epoch_s'] for r in d5['rows']), '.1f')} s training, "
-              f"{joined((r['data_samples_per_s'] for r in d5['rows']), ',')} samples/s data only; the training step "
-              f"alone consumes {d5['model_only_samples_per_s']:,} samples/s")],
-        12: [("python day11_profile/main.py", f"data/step {naive['ratio']:.0%} ({naive['verdict']}) → "
-              f"{optimised['ratio']:.1%} ({optimised['verdict']}); epoch {naive['epoch_s']:.1f} s → "
-              f"{optimised['epoch_s']:.1f} s ({naive['epoch_s'] / optimised['epoch_s']:.1f}×) at "
-              f"{naive['test_acc']:.2%} → {optimised['test_acc']:.2%} test accuracy")],
-        13: [("python day12_template/rnn_to_attention_lab.py --out day12_template/results", reversal_line(rnn)),
-             ("python day12_template/rnn_to_attention_lab.py --out day12_template/results", "memory of a forward + "
-              "backward grows as T^k: " + "; ".join(f"{name} k = {c['memory_exponent']:.2f}"
-                                                   for name, c in rnn["contexts"].items()))],
-        14: [("python day12_template/architecture_lab.py --out day12_template/results --seeds 0 1 2 3",
-              norm_placement_line(arch)),
-             ("python day12_template/architecture_lab.py --out day12_template/results --seeds 0 1 2 3",
-              "QK-norm at lr 1e-2, val loss minus the plain block's there, per seed: "
-              + joined(arch_row(arch, "QK-norm, lr 1e-2")["delta_at_steps"].values(), "+.3f"))],
-    }
-
-
-def reversal_line(rnn: dict) -> str:
-    """rnn_to_attention_lab's seq2seq reversal: the share right at its longest length, without and with attention."""
+    day4, day6, day6o, day7 = ("python day04_mlp_mnist/main.py", "python day06_ckpt_resume/prove_resume.py",
+                               "python day06_ckpt_resume/overfit_lab.py", "python day07_amp_accum/main.py")
+    memcalc, norms, day1 = ("python day10_bigbatch_ckpt/memcalc.py table", "python day09_cnn/norms_lab.py",
+                            "python day01_env_and_tensors/main.py")
+    rnn_lab = "python day12_template/rnn_to_attention_lab.py --out day12_template/results"
+    arch_lab = "python day12_template/architecture_lab.py --out day12_template/results --seeds 0 1 2 3"
+    post, low = arch["val_loss"]["post-norm"], arch_row(arch, "post-norm, lr 3e-4")["delta_at_steps"]
     longest = max(rnn["reversal"]["rows"][0]["accuracy"], key=int)
-    share = {(r["seed"], r["attention"]): r["accuracy"][longest] for r in rnn["reversal"]["rows"]}
-    seeds = sorted({seed for seed, _ in share})
-    return (f"reversing {longest} digits, share right without / with attention: "
-            + "; ".join(f"seed {s} {share[s, False]:.0%} / {share[s, True]:.0%}" for s in seeds))
+    reversal = {(r["seed"], r["attention"]): r["accuracy"][longest] for r in rnn["reversal"]["rows"]}
+    return {
+        1: [(day4, "test accuracy, the test set evaluated once, after training (G0: > 98%)", f"{d4['test_acc']:.2%}"),
+            (day6, "SIGKILLs; resumed steps whose loss differs; the final state",
+             f"{sum(len(c['kill_at']) for c in chains)}; "
+             f"{sum(c['comparison']['loss_mismatches'] for c in chains)}; {state_verdict(d6)}"),
+            (day7, f"bf16 autocast, 4 micro-batches of 32 per step: test accuracy after {training['step']} steps",
+             f"{training['test_acc']:.2%}")],
+        2: [(day7, "parameters + gradients + AdamW state, fp32 / fp16 / bf16 autocast (KiB)",
+             joined((r["state_bytes"] / 1024 for r in d7["table"]), ".0f")),
+            (day7, "bytes saved for backward, the same (KiB)",
+             joined((r["saved_bytes"] / 1024 for r in d7["table"]), ".0f")),
+            (memcalc, "full fine-tune of 1.5B parameters: weights, gradients and AdamW state alone (GB)",
+             memtable(table12, "full fine-tune 1.5B", "weights+grads+optim"))],
+        3: [(norms, f"validation accuracy, BN / GN / LN, batch {b} (%)",
+             joined((100 * norm_acc(d9n, n, b) for n in ("BatchNorm", "GroupNorm", "LayerNorm")), ".1f"))
+            for b in (2, 128)] + [
+            (norms, "batch of one in train mode", f"`{d9n['batch_of_one']['train_error']}`"),
+            (norms, "RMSNorm in four lines vs `torch.nn.RMSNorm`: max difference", f"{d9n['rmsnorm_max_diff']}")],
+        4: [("python day10_bigbatch_ckpt/main.py", "true peak of one fp32 step at batch 16 / 32 / 64 (MiB): the "
+             "micro-batch sets the peak", joined((b / 2**20 for b in d10["peak_bytes"]["fp32"][2:]), ".1f")),
+            (day7, "bf16, batch 128 as 4 × 32: test accuracy", f"{training['test_acc']:.2%}")],
+        5: [(day7, "weight gradients of 2⁻²⁸ that become 0: fp32 / fp16 without scaling / fp16 with GradScaler",
+             joined((ranges[k] for k in ("zero_fraction_fp32", "zero_fraction_fp16_unscaled",
+                                         "zero_fraction_fp16_scaled")), ".0%")),
+            (day7, "those scaled fp16 gradients against fp32, relative error", f"{ranges['rel_error_fp16_scaled']:.1e}"),
+            (day7, "70,000 through a matmul: fp16 / bf16", f"{ranges['fp16_70000']} / {ranges['bf16_70000']:,.0f}")],
+        6: [(day6o, f"{d6o['config']['subset']} images, no regularisation: training accuracy",
+             f"{base['train_acc'][-1]:.0%}"),
+            (day6o, f"lowest validation loss (its epoch); at epoch {d6o['config']['epochs']}",
+             f"{min(base['val_loss']):.3f} ({base['best_epoch']}); {base['val_loss'][-1]:.3f}"),
+            (day6o, "early stopping: stopped after epoch; step `best.pt` holds",
+             f"{early['stopped_after_epoch']}; {early['best_pt_step']}"),
+            (day6o, "gap with Dropout / weight decay / augmentation, of the unregularised gap", f"×{gap_ratios(d6o)}")],
+        7: [(day1, "`a = arange(24).reshape(4,6)`: stride", f"`{shape(views['a']['stride'])}`"),
+            (day1, "`a.t()`: stride; contiguous; shares storage", f"`{shape(views['transpose']['stride'])}`; "
+             f"{yes_no(views['transpose']['contiguous'])}; {yes_no(views['transpose_shares'])}"),
+            (day1, "`a.t().reshape(24)` shares storage (else a silent copy)",
+             yes_no(views["transpose_reshape_shares"])),
+            (day1, "`a.t().view(24)`", f"`{views['transpose_view']['type']}`")],
+        8: [("python day02_autograd/main.py", "bytes autograd saves for `tanh(x @ W1) @ W2`: with grad; under `no_grad`",
+             f"{saves['saved_bytes_with_grad']:,}; {saves['saved_bytes_under_no_grad']}"),
+            ("python day02_autograd/main.py", "`w * w.detach()`: max difference of `w.grad` from w",
+             f"{saves['grad_of_w_times_detached_w_minus_w']}")],
+        9: [(memcalc, f"{label}: total", memtable(table12, row)) for row, label in (
+            ("full fine-tune 1.5B", "full fine-tune 1.5B, b=2"), ("LoRA 1.5B (9M", "LoRA 1.5B (9M trainable), b=2"),
+            ("LoRA 1.5B, b=8", "the same with checkpointing, b=8"), ("QLoRA 7B", "QLoRA 7B"))] + [
+            ("python day10_bigbatch_ckpt/levers_lab.py", f"LoRA r={d10l['config']['rank']} on a tiny GPT: share of the "
+             "optimizer state kept", f"{lora_share(d10l):.1%}")],
+        10: [("python day03_linreg/main.py", "the stability limit 2/λ_max (above it the run stops with one line, not "
+              "NaN)", f"{d3['lr_limit']:.3f}"),
+             (day7, "70,000 in fp16 / bf16", f"{ranges['fp16_70000']} / {ranges['bf16_70000']:,.0f}")],
+        11: [("python day05_dataloader/main.py", f"one augmented epoch on {d5['cpu_count']} cores, "
+              f"{joined(r['num_workers'] for r in d5['rows'])} workers: training (s)",
+              joined((r["train_epoch_s"] for r in d5["rows"]), ".1f")),
+             ("python day05_dataloader/main.py", "the same, data only (samples/s)",
+              joined((r["data_samples_per_s"] for r in d5["rows"]), ",")),
+             ("python day05_dataloader/main.py", "the training step alone (samples/s)",
+              f"{d5['model_only_samples_per_s']:,}")],
+        12: [("python day11_profile/main.py", "data/step, naive → optimised",
+              f"{naive['ratio']:.0%} ({naive['verdict']}) → {optimised['ratio']:.1%} ({optimised['verdict']})"),
+             ("python day11_profile/main.py", "epoch (s), naive → optimised",
+              f"{naive['epoch_s']:.1f} → {optimised['epoch_s']:.1f} ({naive['epoch_s'] / optimised['epoch_s']:.1f}×)"),
+             ("python day11_profile/main.py", "test accuracy, naive → optimised",
+              f"{naive['test_acc']:.2%} → {optimised['test_acc']:.2%}")],
+        13: [(rnn_lab, f"reversing {longest} digits, seed {seed}: share right without / with attention",
+              f"{reversal[seed, False]:.0%} / {reversal[seed, True]:.0%}")
+             for seed in sorted({seed for seed, _ in reversal})] + [
+             (rnn_lab, f"memory of a forward + backward grows as T^k: k, {name}", f"{c['memory_exponent']:.2f}")
+             for name, c in rnn["contexts"].items()],
+        14: [(arch_lab, "lr 3e-3: post-norm's val loss per seed", joined(post.values(), ".3f")),
+             (arch_lab, "... predicting each character's frequency (the unigram loss)", f"{arch['unigram_loss']:.3f}"),
+             (arch_lab, "... pre-norm's, per seed", joined(arch["val_loss"]["GPT-2 block"].values(), ".3f")),
+             (arch_lab, "lr 3e-4: post-norm behind pre-norm, per seed", joined(low.values(), "+.3f")),
+             (arch_lab, "QK-norm at lr 1e-2, val loss minus the plain block's there, per seed",
+              joined(arch_row(arch, "QK-norm, lr 1e-2")["delta_at_steps"].values(), "+.3f"))],
+    }
 
 
 def arch_row(arch: dict, change: str) -> dict:
     return next(r for r in arch["rows"] if r["change"] == change)
-
-
-def norm_placement_line(arch: dict) -> str:
-    """architecture_lab's post-norm at the lab's learning rate and at a tenth of it, against pre-norm."""
-    post, low = arch["val_loss"]["post-norm"], arch_row(arch, "post-norm, lr 3e-4")["delta_at_steps"]
-    return (f"at lr 3e-3, post-norm's val loss per seed {joined(post.values(), '.3f')} (predicting each character's "
-            f"frequency: {arch['unigram_loss']:.3f}), pre-norm's {joined(arch['val_loss']['GPT-2 block'].values(), '.3f')}"
-            f"; at lr 3e-4 post-norm ends {joined(low.values(), '+.3f')} behind pre-norm")
 
 
 def yes_no(value: bool) -> str:
@@ -487,11 +483,13 @@ def yes_no(value: bool) -> str:
 
 
 def interview(n: int) -> str:
-    """INTERVIEW.md's evidence for question `n`."""
-    return "\n".join(f"- `{command}`: {text}" for command, text in interview_evidence()[n])
+    """INTERVIEW.md's evidence for question `n`, as a table."""
+    return markdown_table(["command", "measures", "figure"],
+                          [[f"`{command}`", what, figure] for command, what, figure in interview_evidence()[n]])
 
 
-BLOCKS = {"days": days_table, "results": results_table, "machines": machine_line, "cpu-bf16": cpu_bf16_table, "day10-timings": day10_timings_table,
+BLOCKS = {"days": days_table, "results": results_table, "machines": machine_line, "cpu-bf16": cpu_bf16_table,
+          "day10-timings": day10_timings_table,
           **{f"interview-{n}": partial(interview, n) for n in range(1, 15)}}
 
 
