@@ -478,14 +478,19 @@ def summary_table(results: list[dict]) -> str:
 
 TEMPLATE_VAL_RE = re.compile(r"^step (\d+)/\d+: val loss (\S+)")
 TEMPLATE_LOG_EVERY = 10  # train records every 10 steps: the iteration time is read from their elapsed_s
-# The template's runs: nanoGPT's recipe as shakespeare_cpu.toml has it, and the template's best CPU settings (a
-# higher peak learning rate and a shorter cosine, chosen on the validation loss of these files: see the README).
-TEMPLATE_RUNS = {"template": [], "template, tuned": ["optim.lr=3e-3", "train.steps=1250"]}
+# The template's runs, each a config and its --sets, one change from the run before it: nanoGPT's recipe as
+# shakespeare_cpu.toml has it; a higher peak learning rate and a shorter cosine (chosen on the validation loss of
+# these files: see the README); the modern block of shakespeare_modern.toml at those settings; and its cosine cut to
+# 750 steps (chosen on the same validation loss).
+TEMPLATE_RUNS = {"template": ("shakespeare_cpu.toml", []),
+                 "template, tuned": ("shakespeare_cpu.toml", ["optim.lr=3e-3", "train.steps=1250"]),
+                 "tuned, modern block": ("shakespeare_modern.toml", ["optim.lr=3e-3", "train.steps=1250"]),
+                 "modern, 750 steps": ("shakespeare_modern.toml", ["optim.lr=3e-3", "train.steps=750"])}
 
 
-def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, eval_every: int = 250,
-                 eval_windows: int = 1024, python: str = sys.executable, log_path=None) -> dict:
-    """train.py with configs/shakespeare_cpu.toml on the prepared token files; the same RESULT_KEYS as nanoGPT's."""
+def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, config: str = "shakespeare_cpu.toml",
+                 eval_every: int = 250, eval_windows: int = 1024, python: str = sys.executable, log_path=None) -> dict:
+    """train.py with `config` (of configs/) on the prepared token files; the same RESULT_KEYS as nanoGPT's."""
     from train_template import runlog
 
     work = Path(tempfile.mkdtemp(prefix="template_bench_"))
@@ -493,7 +498,7 @@ def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, ev
             f"data.tokens.block_size={CPU_RECIPE['block_size']}", f"data.tokens.eval_windows={eval_windows}",
             f"train.eval_every={eval_every}",
             f"train.log_every={TEMPLATE_LOG_EVERY}", "train.progress=off", f"run.out_dir={work / 'run'}", *overrides]
-    cmd = [python, str(TEMPLATE / "train.py"), "--config", str(TEMPLATE / "configs" / "shakespeare_cpu.toml"),
+    cmd = [python, str(TEMPLATE / "train.py"), "--config", str(TEMPLATE / "configs" / config),
            "--set", *sets]
     lines: list[tuple[float, str]] = []
     t_launch = time.perf_counter()
@@ -523,7 +528,8 @@ def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, ev
             "tokens_per_iter": batch * block, "iter_ms_median": median, "tokens_per_s": batch * block / (median / 1000),
             "val_loss_by_step": {str(k): v for k, (v, _) in sorted(evals.items())}, "train_loss_by_step": {},
             "wall_s": wall_s, "time_to_eval_s": {str(k): t for k, (_, t) in sorted(evals.items())},
-            "eval_s": eval_s, "eval_share": eval_s / wall_s, "overrides": overrides, "command": shlex.join(cmd),
+            "eval_s": eval_s, "eval_share": eval_s / wall_s, "config": config, "overrides": overrides,
+            "command": shlex.join(cmd),
             "mfu_last": records and [r for r in records if r["kind"] == "train"][-1].get("mfu")}
 
 
@@ -560,7 +566,8 @@ def markdown(results: dict) -> str:
                                                for r in runs.values()) + " |",
              "| wall seconds, launch to exit (evaluations' share) | "
              + " | ".join(f"{r['wall_s']:.1f} ({100 * r['eval_share']:.0f}%)" for r in runs.values()) + " |"]
-    lines += ["", "Runs: " + "; ".join(f"{name}: `{' '.join(r.get('overrides') or []) or 'the recipe'}`"
+    lines += ["", "Runs: " + "; ".join(f"{name}: `{r.get('config', 'shakespeare_cpu.toml')}` "
+                                       f"`{' '.join(r.get('overrides') or []) or 'as it is'}`"
                                        for name, r in runs.items() if name != "nanogpt") + "."]
     return "\n".join(lines) + "\n"
 
@@ -606,10 +613,10 @@ def main(argv=None) -> int:
                        log_path=a.out / f"nanogpt_steps{a.steps}.log", keep_workdir=a.keep_workdir,
                        timeout_s=a.timeout)
     runs = {"nanogpt": nano}
-    for name, overrides in TEMPLATE_RUNS.items():
+    for name, (config, overrides) in TEMPLATE_RUNS.items():
         steps = next((int(o.split("=")[1]) for o in overrides if o.startswith("train.steps=")), a.steps)
-        print(f"{name}: {' '.join(overrides) or 'the recipe'} ...", flush=True)
-        runs[name] = run_template(data_dir, steps, a.threads, overrides, eval_every=a.eval_interval,
+        print(f"{name}: {config} {' '.join(overrides)} ...", flush=True)
+        runs[name] = run_template(data_dir, steps, a.threads, overrides, config=config, eval_every=a.eval_interval,
                                   eval_windows=a.eval_windows, log_path=a.out / f"{name.replace(', ', '_')}.log")
     load_after = loadavg()
     from train_template import runlog
