@@ -159,6 +159,12 @@ def gate_rows(records: dict[str, dict]) -> tuple[list[str], dict]:
     return rows, counts
 
 
+def short(value, width: int = 100) -> str:
+    """A table cell of at most `width` characters (a long list of names cut, marked with an ellipsis)."""
+    text = cell(value)
+    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
+
+
 def gates_table(record: dict) -> str:
     """A day's recorded run as its README shows it: each test, named for the claim it proves, with every gate it
     recorded (the figure it measured and what it requires); a test that recorded none says how it ended."""
@@ -179,8 +185,8 @@ def gates_table(record: dict) -> str:
         elif not gates:
             lines.append(f"| {name} | (plain assertions, no recorded figure) | — | — |")
         for i, g in enumerate(gates):
-            lines.append(f"| {name if i == 0 else ''} | {cell(g['name'])} | {cell(g['measured'])} "
-                         f"| {g['op']} {cell(g['threshold'])} |")
+            lines.append(f"| {name if i == 0 else ''} | {cell(g['name'])} | {short(g['measured'])} "
+                         f"| {g['op']} {short(g['threshold'])} |")
     return "\n".join(lines) + "\n"
 
 
