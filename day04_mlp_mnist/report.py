@@ -2,6 +2,7 @@
 (`results/summary.md`, which the README includes)."""
 from pathlib import Path
 
+from sprint import markdown_table
 from sprint.plots import save, subplots
 
 
@@ -25,13 +26,12 @@ def plot_curves(history: list[dict], test_acc: float | None, goal: float, path: 
 
 def run_table(summary: dict, history: list[dict]) -> str:
     """One run as the README shows it (`results/summary.md`): its size, then each evaluation and the test."""
-    lines = [f"Seed {summary['config']['seed']}: {summary['params']:,} parameters, {summary['n_train']:,} training / "
-             f"{summary['n_val']:,} validation images; {summary['machine']}.", "",
-             "| epoch | train loss (running mean, label-smoothed) | val loss | val accuracy |",
-             "| ---: | ---: | ---: | ---: |"]
-    lines += [f"| {row['epoch']:g} | {row['train_loss']:.4f} | {row['val_loss']:.4f} | {row['val_acc']:.2%} |"
-              for row in history]
+    rows = [[f"{row['epoch']:g}", f"{row['train_loss']:.4f}", f"{row['val_loss']:.4f}", f"{row['val_acc']:.2%}"]
+            for row in history]
     if summary["test_acc"] is not None:  # a run with the test left out (`--no-test`) has none
-        lines.append(f"| test, evaluated once ({summary['n_test']:,} images) | | {summary['test_loss']:.4f} | "
-                     f"**{summary['test_acc']:.2%}** |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"test, evaluated once ({summary['n_test']:,} images)", "", f"{summary['test_loss']:.4f}",
+                     f"**{summary['test_acc']:.2%}**"])
+    return (f"Seed {summary['config']['seed']}: {summary['params']:,} parameters, {summary['n_train']:,} training / "
+            f"{summary['n_val']:,} validation images; {summary['machine']}.\n\n"
+            + markdown_table(["epoch", "train loss (running mean, label-smoothed)", "val loss", "val accuracy"], rows,
+                             "rrrr") + "\n")

@@ -8,7 +8,6 @@ Gates:  python day06_ckpt_resume/check.py
 import contextlib
 import dataclasses
 import io
-import json
 import math
 import os
 import random
@@ -30,7 +29,7 @@ import torch
 from day06_ckpt_resume.checkpoint import load_checkpoint, read_metrics
 from day06_ckpt_resume.main import MNIST_TRAIN, Config, train
 from day06_ckpt_resume.report import plot_overlay, resume_table, write_optimizer_table
-from sprint import REPO_ROOT, runs_dir
+from sprint import REPO_ROOT, runs_dir, write_results
 from sprint.cli import arg, flag, parse, progress, run
 from sprint.data import prepare_mnist
 from sprint import machine
@@ -277,9 +276,8 @@ def prove(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> 
     for chain in summary["chains"].values():
         for s in chain["segments"]:
             del s["records"]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "summary.md").write_text(resume_table(summary))
-    print(f"wrote {out / 'resume_overlay.png'}, optimizer_state.md and summary.json, .md")
+    print(f"wrote {out / 'resume_overlay.png'} and optimizer_state.md")
+    write_results(out, "summary", resume_table(summary), summary)
     return Proof(runs / "uninterrupted", chains, opt, summary)
 
 

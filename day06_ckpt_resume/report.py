@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from day06_ckpt_resume.checkpoint import read_metrics
-from sprint import plots
+from sprint import markdown_table, plots
 from sprint import machine
 
 
@@ -76,32 +76,32 @@ def write_overfit_table(lab, path: Path) -> None:
     path.write_text("\n".join(rows) + "\n")
 
 
+RESUME_ROWS = ["SIGKILLed after steps", "resumed from `last.pt` at steps",
+               "steps computed, those redone after a kill included",
+               "steps whose loss differs from the uninterrupted run's (`float.hex`)", "steps whose sample indices differ",
+               "final `metrics.jsonl` identical",
+               "final state entries that differ (model, optimizer, scheduler, sampler, RNG states, counters)"]
+
+
+def chain_column(chain: dict) -> list[str]:
+    """One killed chain of `summary.json`, a cell for each of RESUME_ROWS."""
+    compared = chain["comparison"]
+    return [", ".join(map(str, chain["kill_at"])), ", ".join(str(s["resumed_from"]) for s in chain["segments"][1:]),
+            f"{compared['steps_computed']:,}", f"**{compared['loss_mismatches']}**",
+            f"**{compared['sample_mismatches']}**", "yes" if compared["final_log_equal"] else "**no**",
+            str(len(compared["state_diffs"]))]
+
+
 def resume_table(summary: dict) -> str:
     """The killed chains of `prove_resume.py` (its `summary.json`) against the uninterrupted run, as Markdown."""
     chains = list(summary["chains"].values())
-
-    def row(label: str, cell) -> str:
-        return f"| {label} | " + " | ".join(str(cell(c)) for c in chains) + " |"
-
-    def yes(flag: bool) -> str:
-        return "yes" if flag else "**no**"
-
+    columns = [chain_column(c) for c in chains]
     test = summary["reference_test"]
-    lines = [f"Uninterrupted run: best validation loss {test['best_val']:.4f}, test accuracy of `best.pt` "
-             f"{test['test_acc']:.2%}; {summary['machine']}.", "",
-             "| killed chain | " + " | ".join(f"num_workers={c['workers']}" for c in chains) + " |",
-             "| --- |" + " ---: |" * len(chains),
-             row("SIGKILLed after steps", lambda c: ", ".join(map(str, c["kill_at"]))),
-             row("resumed from `last.pt` at steps", lambda c: ", ".join(str(s["resumed_from"])
-                                                                        for s in c["segments"][1:])),
-             row("steps computed, those redone after a kill included", lambda c: f"{c['comparison']['steps_computed']:,}"),
-             row("steps whose loss differs from the uninterrupted run's (`float.hex`)",
-                 lambda c: f"**{c['comparison']['loss_mismatches']}**"),
-             row("steps whose sample indices differ", lambda c: f"**{c['comparison']['sample_mismatches']}**"),
-             row("final `metrics.jsonl` identical", lambda c: yes(c["comparison"]["final_log_equal"])),
-             row("final state entries that differ (model, optimizer, scheduler, sampler, RNG states, counters)",
-                 lambda c: len(c["comparison"]["state_diffs"]))]
-    return "\n".join(lines) + "\n"
+    return (f"Uninterrupted run: best validation loss {test['best_val']:.4f}, test accuracy of `best.pt` "
+            f"{test['test_acc']:.2%}; {summary['machine']}.\n\n"
+            + markdown_table(["killed chain", *(f"num_workers={c['workers']}" for c in chains)],
+                             [[label, *cells] for label, *cells in zip(RESUME_ROWS, *columns)],
+                             "l" + "r" * len(chains)) + "\n")
 
 
 def plot_overfit(lab, path: Path) -> None:

@@ -26,7 +26,7 @@ import torch
 from day08_mini_autograd import tensor_engine as te
 from day08_mini_autograd.engine import Value, propagate, topological_order
 from day08_mini_autograd.nn import MLP
-from day08_mini_autograd.report import print_experiments, write_results
+from day08_mini_autograd.report import print_experiments, write_day
 from sprint import runs_dir
 from sprint.cli import UserError, arg, parse, progress, run, validate
 from sprint.data import mnist_tensors
@@ -261,7 +261,7 @@ def main(argv=None):
     print(f"  test accuracy {100 * mnist['test_acc']:.2f}% on {mnist['n_test']:,} images after "
           f"{mnist['train_s']:.1f} s of training")
 
-    write_results(out, experiments, mnist)
+    write_day(out, experiments, mnist)
     return {"experiments": experiments, "mnist": mnist}
 
 

@@ -1,8 +1,6 @@
 """Day 8's report: the experiments' answers in words, and what `main.py` writes: the plot, the summary file and its
 tables (`results/summary.md`: the four self-check questions, then MNIST by epoch)."""
-import json
-
-from sprint import machine, markdown_table
+from sprint import machine, markdown_table, write_results
 from sprint.plots import save, subplots
 
 
@@ -38,17 +36,17 @@ def plot(experiments, mnist, path):
     save(fig, path)
 
 
-def write_results(out, experiments, mnist):
-    """`day08.png` and `summary.json` (every figure of the README's Day 8 tables, with the machine that ran them)."""
+def write_day(out, experiments, mnist):
+    """`day08.png` and `summary.json` (every figure of the README's Day 8 tables, with the machine that ran them) with
+    those tables (`summary.md`)."""
     out.mkdir(parents=True, exist_ok=True)
     plot(experiments, mnist, out / "day08.png")
     summary = {"machine": machine()} | {k: v for k, v in experiments.items() if not isinstance(v, dict)}
     summary |= {f"{k}_final_loss": experiments[k]["final_loss"] for k in ("xor", "xor_overwrite", "xor_no_zero_grad")}
     summary["xor_no_zero_grad_min_loss"] = min(experiments["xor_no_zero_grad"]["losses"])
     summary["mnist"] = mnist
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "summary.md").write_text(f"{xor_table(summary)}\n\n{mnist_table(summary)}\n")
-    print(f"wrote {out / 'day08.png'} and summary.json, .md")
+    print(f"wrote {out / 'day08.png'}")
+    write_results(out, "summary", f"{xor_table(summary)}\n\n{mnist_table(summary)}", summary)
 
 
 def xor_table(d: dict) -> str:

@@ -9,7 +9,6 @@ default  trains the chosen recipe with several seeds and scores each once on the
 Run:  python day09_cnn/bench.py --tune --out day09_cnn/results   (writes tuning.json + tuning.md)
       python day09_cnn/bench.py --out day09_cnn/results          (writes seeds.json + seeds.md)
 """
-import json
 import statistics
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -18,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `sprint` and the day folders
 
 from day09_cnn.main import Config, score, train
-from sprint import machine, markdown_table, runs_dir
+from sprint import machine, markdown_table, runs_dir, write_results
 from sprint.cli import arg, parse, run, validate
 from sprint.data import mnist_tensors
 
@@ -80,15 +79,11 @@ def seeds(bc: BenchConfig) -> dict:
 def main(argv=None) -> dict:
     bc, out = parse(BenchConfig, argv, __doc__, out=runs_dir(__file__))
     result = (tune(bc) if bc.tune else seeds(bc)) | {"machine": machine()}
-    out.mkdir(parents=True, exist_ok=True)
-    name = "tuning" if bc.tune else "seeds"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     if bc.tune:
-        (out / "tuning.md").write_text(tuning_table(result))
         print(tuning_table(result))
-    if not bc.tune:
-        (out / "seeds.md").write_text(seeds_table(result))
-    print(f"wrote {out / name}.json and .md")
+        write_results(out, "tuning", tuning_table(result), result)
+    else:
+        write_results(out, "seeds", seeds_table(result), result)
     return result
 
 

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # `sprint` and the days, and `figures`
 
 import figures  # noqa: E402
+from sprint import markdown_table  # noqa: E402
 from sprint.gates import GATES_DIR, NOT_COLLECTED  # noqa: E402
 
 FOLDERS = [*figures.DAYS.values(), "errors", "tests"]  # what `pytest` collects (pyproject's testpaths)
@@ -173,21 +174,20 @@ def gates_table(record: dict) -> str:
         by_test.setdefault(g["test"], []).append(g)
     outcomes = [t["outcome"] for t in record["tests"].values()]
     when = datetime.datetime.fromtimestamp(record["started"]).strftime("%Y-%m-%d")
-    lines = [f"Recorded on {when} by the day's tests (`python scripts/report.py --gates`): {len(outcomes)} tests, "
-             f"{outcomes.count('passed')} passed, {outcomes.count('skipped')} skipped; {len(record['gates'])} gates. "
-             f"{record['machine']}, torch {record['torch']}.", "",
-             "| test | gate | measured | required |", "| --- | --- | --- | --- |"]
+    rows = []
     for nodeid, test in record["tests"].items():
         name = f"`{cell(nodeid.split('::', 1)[-1])}`"
         gates = by_test.get(nodeid, [])
         if test["outcome"] == "skipped":
-            lines.append(f"| {name} | skipped: {cell(test['message'])} | — | — |")
+            rows.append([name, f"skipped: {cell(test['message'].removeprefix('Skipped: '))}", "—", "—"])
         elif not gates:
-            lines.append(f"| {name} | (plain assertions, no recorded figure) | — | — |")
-        for i, g in enumerate(gates):
-            lines.append(f"| {name if i == 0 else ''} | {cell(g['name'])} | {short(g['measured'])} "
-                         f"| {g['op']} {short(g['threshold'])} |")
-    return "\n".join(lines) + "\n"
+            rows.append([name, "(plain assertions, no recorded figure)", "—", "—"])
+        rows += [[name if i == 0 else "", cell(g["name"]), short(g["measured"]), f"{g['op']} {short(g['threshold'])}"]
+                 for i, g in enumerate(gates)]
+    return (f"Recorded on {when} by the day's tests (`python scripts/report.py --gates`): {len(outcomes)} tests, "
+            f"{outcomes.count('passed')} passed, {outcomes.count('skipped')} skipped; {len(record['gates'])} gates. "
+            f"{record['machine']}, torch {record['torch']}.\n\n"
+            + markdown_table(["test", "gate", "measured", "required"], rows) + "\n")
 
 
 def write_gates_tables(records: dict[str, dict]) -> None:
