@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from lab_training import spread, train_lm
-from train_template import config, data, models, runlog, train
+from train_template import config, data, models, optimizers, runlog, train
 
 CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 STEPS, EVAL_EVERY, VAL_WINDOWS = 300, 50, 256
@@ -133,7 +133,7 @@ def step_timer(cfg: config.Config, splits):
     """A function timing one training step (forward, backward, clipping, AdamW) of the config's model on a fixed
     batch, in seconds."""
     model = models.build(cfg.model, splits.info, cfg.run.seed)
-    optimizer = train.build_optimizer(model, cfg.optim)
+    optimizer = optimizers.build(model, cfg.optim)
     x, y = splits.train.batch(0, torch.arange(cfg.train.batch_size))
 
     def timed() -> float:
@@ -168,7 +168,7 @@ def train_run(sets: tuple[str, ...], splits, seed: int, steps: int = STEPS,
     """One run of the config with `sets`, from `seed`: (train_lm's result, the trained model)."""
     cfg = load(sets)
     model = models.build(cfg.model, splits.info, seed)
-    result = train_lm(model, [train.build_optimizer(model, cfg.optim)], cfg, splits, seed, steps, eval_every,
+    result = train_lm(model, [optimizers.build(model, cfg.optim)], cfg, splits, seed, steps, eval_every,
                       VAL_WINDOWS)
     return result, model
 

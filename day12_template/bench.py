@@ -29,7 +29,7 @@ sys.path.insert(0, str(TEMPLATE))
 
 import torch
 
-from train_template import config, data, distributed, models, runlog, sample, tasks, text, train
+from train_template import config, data, distributed, models, optimizers, runlog, sample, tasks, text, train
 
 FIRST, LAST = 10, 210  # steps timed: after warm-up, before the first evaluation (mnist: 214 steps; GPT: 250)
 SAMPLE_TOKENS = 500
@@ -64,7 +64,7 @@ def bare(cfg_path: Path) -> tuple[float, float]:
     splits = data.build(cfg.data, cfg.run.seed)
     task = tasks.for_dataset(cfg.data.dataset, splits.info)
     model = models.build(cfg.model, splits.info, cfg.run.seed)
-    optimizer = train.build_optimizer(model, cfg.optim)
+    optimizer = optimizers.build(model, cfg.optim)
     sampler = train.build_sampler(cfg, splits.train, tc.batch_size, distributed.Dist())  # one process, no micro
     scheduler = train.warmup_cosine(optimizer, train.run_steps(tc, sampler), cfg.optim)
     keys = iter(sampler)

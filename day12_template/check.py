@@ -55,7 +55,7 @@ import rnn_to_attention_lab as rnn_lab
 import same_numbers
 import zero_lab
 from lab_training import spread
-from train_template import (checkpoint, compare_runs, config, data, distributed, doctor, memory, models,
+from train_template import (checkpoint, compare_runs, config, data, distributed, doctor, memory, models, optimizers,
                             runlock, runlog, signals, tasks, text, train)
 from train_template import troubleshoot as ts
 from train_template.checkpoint import sharded
@@ -1061,7 +1061,7 @@ MUON_GATE_STEPS = 40  # the lab trains 240 steps; the gate repeats its compariso
 def test_muon_gets_the_blocks_linear_weights_and_adamw_the_embeddings_and_norms():
     cfg = config.load(str(muon_lab.CONFIG), [])
     model = models.build(cfg.model, memory.info_of(cfg), device="meta")
-    muon, adamw = muon_lab.optimizers(model, cfg, "muon", lr=0.02, adamw_lr=3e-3)
+    muon, adamw = optimizers.build(model, dataclasses.replace(cfg.optim, name="muon")).parts
     names = {id(p): n for n, p in model.named_parameters()}
 
     def held(group) -> list[str]:
@@ -1082,7 +1082,7 @@ def test_build_optimizer_decays_the_weight_matrices_and_embeddings_only(name):
     and Embedding decayed at optim.weight_decay; biases and the norms' gains and shifts (LayerNorm, BatchNorm) not."""
     cfg = config.load(str(TEMPLATE / "configs" / f"{name}.toml"), [])
     model = models.build(cfg.model, memory.info_of(cfg), device="meta")
-    optimizer = train.build_optimizer(model, cfg.optim)
+    optimizer = optimizers.build(model, cfg.optim)
     names = {id(p): n for n, p in model.named_parameters()}
     owned = {f"{m}.{k}" if m else k: (type(module), k) for m, module in model.named_modules()
              for k, _ in module.named_parameters(recurse=False)}
@@ -1095,19 +1095,19 @@ def test_build_optimizer_decays_the_weight_matrices_and_embeddings_only(name):
 
 
 def test_fp32_muon_takes_torchs_muon_steps_to_bf16_precision():
-    """muon_lab runs Fp32Muon where a bf16 matmul is slower than fp32's (an AVX2-only CPU: 25x slower): two steps of
+    """optim.name=muon runs Fp32Muon on the CPU (an AVX2-only CPU multiplies bf16 25x slower than fp32): two steps of
     each on one tall matrix and the same gradients, so momentum, Nesterov, weight decay and the lr scaling all act."""
     g = torch.Generator().manual_seed(0)
     start, grads = torch.randn(384, 128, generator=g), [torch.randn(384, 128, generator=g) for _ in range(2)]
     moved = {}
-    for optimizer in (torch.optim.Muon, muon_lab.Fp32Muon):
+    for optimizer in (torch.optim.Muon, optimizers.Fp32Muon):
         weight = nn.Parameter(start.clone())
         muon = optimizer([weight], lr=0.02, weight_decay=0.1, adjust_lr_fn="original")
         for grad in grads:
             weight.grad = grad.clone()
             muon.step()
         moved[optimizer] = weight.detach() - start
-    ours, torchs = moved[muon_lab.Fp32Muon], moved[torch.optim.Muon]
+    ours, torchs = moved[optimizers.Fp32Muon], moved[torch.optim.Muon]
     gates.check("two Muon steps, Fp32Muon vs torch.optim.Muon (its iteration in bf16): largest difference of the "
                 "weight's change / its largest change", ((ours - torchs).abs().max() / torchs.abs().max()).item(), "<",
                 2 ** -5)
@@ -2172,7 +2172,7 @@ def test_overfit_one_batch_memorises_with_the_mlp_and_flags_the_variants_that_ca
         model = models.build(cfg.model, splits.info)
         for spec in breaks:
             faults.break_model(model, *spec)
-        optimizer = train.build_optimizer(model, cfg.optim)
+        optimizer = optimizers.build(model, cfg.optim)
         for group in optimizer.param_groups:
             group["lr"] = cfg.optim.lr if lr is None else lr
         return ts.overfit_one_batch(model, optimizer, batch)
@@ -2219,7 +2219,7 @@ def test_lr_range_test_suggests_a_rate_that_trains_the_day4_mlp(tmp_path):
     model = models.build(cfg.model, splits.info)
     order = torch.randperm(len(splits.train), generator=torch.Generator().manual_seed(0))
     batches = itertools.cycle([splits.train.batch(0, order[i:i + 64]) for i in range(0, len(order) - 63, 64)])
-    sweep = ts.lr_range_test(model, train.build_optimizer(model, cfg.optim), batches)
+    sweep = ts.lr_range_test(model, optimizers.build(model, cfg.optim), batches)
     files = ts.lr_range.save(sweep, tmp_path / "doctor", cfg.optim.lr)
     gates.check("LR range test: plot and CSV written", sorted(f.name for f in files if f.stat().st_size), "==",
                 ["lr_range.csv", "lr_range.png"])

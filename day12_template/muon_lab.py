@@ -27,7 +27,6 @@ the lab runs `Fp32Muon`, the same update with the iteration in fp32 (`newton_sch
 """
 import dataclasses
 import functools
-import math
 import statistics
 import sys
 from operator import itemgetter
@@ -41,7 +40,7 @@ sys.path.insert(0, str(HERE))  # lab_training.py, however this file is loaded
 import torch
 
 from lab_training import mean_loss, spread, start, train_lm
-from train_template import config, models, runlog, tasks, train
+from train_template import config, models, optimizers, runlog, tasks
 
 CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 STEPS, EVAL_EVERY, VAL_WINDOWS = 240, 40, 256
@@ -49,22 +48,13 @@ ADAMW_LRS = (1e-3, 2e-3, 3e-3, 4.5e-3)
 MUON_LRS = (0.02, 0.05, 0.1)  # Muon's step is a unit-scale matrix: its learning rates sit 1-2 decades above AdamW's
 
 
-def muon_groups(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(the blocks' weight matrices, for Muon; every other trainable parameter, for AdamW)."""
-    matrices = [p for name, p in model.named_parameters() if name.startswith("blocks.") and p.ndim == 2]
-    chosen = {id(p) for p in matrices}
-    return matrices, [p for p in model.parameters() if id(p) not in chosen]
-
-
-def optimizers(model, cfg: config.Config, name: str, lr: float, adamw_lr: float) -> list[torch.optim.Optimizer]:
+def lab_optimizers(model, cfg: config.Config, name: str, lr: float, adamw_lr: float) -> list[torch.optim.Optimizer]:
     """AdamW as the template builds it (decay on matrices only), or Muon for the blocks' matrices beside AdamW for
-    the rest."""
+    the rest (the template's optim.name=muon, with the Newton-Schulz precision this lab measures)."""
     if name == "adamw":
-        return [train.build_optimizer(model, dataclasses.replace(cfg.optim, lr=lr))]
-    matrices, rest = muon_groups(model)
-    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.ndim >= 2], "weight_decay": cfg.optim.weight_decay},
-                               {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0}],
-                              lr=adamw_lr, betas=cfg.optim.betas)
+        return [optimizers.build(model, dataclasses.replace(cfg.optim, lr=lr))]
+    matrices, rest = optimizers.muon_split(model)
+    adamw = optimizers.adamw(rest, dataclasses.replace(cfg.optim, lr=adamw_lr))
     # adjust_lr_fn "original": a rectangular matrix's step scaled by sqrt(max(1, fan_out / fan_in)), Keller Jordan's
     decay = cfg.optim.weight_decay * adamw_lr / lr  # lr * decay per step, as AdamW's
     muon = muon_class()(matrices, lr=lr, weight_decay=decay, adjust_lr_fn="original")
@@ -81,56 +71,13 @@ def newton_schulz_dtype() -> torch.dtype:
 
 
 def muon_class() -> type[torch.optim.Muon]:
-    return torch.optim.Muon if newton_schulz_dtype() == torch.bfloat16 else Fp32Muon
-
-
-def orthogonalise_fp32(update: torch.Tensor, ns_coefficients: tuple, ns_steps: int, eps: float) -> torch.Tensor:
-    """Muon's quintic Newton-Schulz iteration (torch's coefficients and steps), computed in fp32 instead of bf16: it
-    pushes every singular value of the update towards 1."""
-    a, b, c = ns_coefficients
-    tall = update.size(0) > update.size(1)
-    x = update.float().T if tall else update.float()
-    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
-
-
-class Fp32Muon(torch.optim.Muon):
-    """torch.optim.Muon's update with the Newton-Schulz iteration in fp32: its settings, checks and state
-    (`momentum_buffer`), and its step as torch documents it (momentum, Nesterov, orthogonalise, decoupled weight decay,
-    the lr scaled as adjust_lr_fn "original")."""
-
-    def __init__(self, params, **settings):
-        if settings.get("adjust_lr_fn") not in (None, "original"):
-            raise ValueError("Fp32Muon scales the lr as adjust_lr_fn='original' only")
-        super().__init__(params, **settings)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            momentum = group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = orthogonalise_fp32(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
-        return loss
+    return torch.optim.Muon if newton_schulz_dtype() == torch.bfloat16 else optimizers.Fp32Muon
 
 
 def run(cfg: config.Config, splits, name: str, lr: float, adamw_lr: float, seed: int, steps: int = STEPS) -> dict:
     """One training run: the validation curve against steps and training seconds."""
     model = models.build(cfg.model, splits.info, seed)
-    result = train_lm(model, optimizers(model, cfg, name, lr, adamw_lr), cfg, splits, seed, steps, EVAL_EVERY,
+    result = train_lm(model, lab_optimizers(model, cfg, name, lr, adamw_lr), cfg, splits, seed, steps, EVAL_EVERY,
                       VAL_WINDOWS)
     return {"optimizer": name, "lr": lr, "adamw_lr": adamw_lr, "seed": seed, "steps": steps, **result, "model": model}
 

@@ -42,7 +42,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lab_training import mean_loss, spread, start, train_lm
 from sprint.measure import median_seconds
-from train_template import config, memory, models, runlog, tasks, train
+from train_template import config, memory, models, optimizers, runlog, tasks
 
 CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
 
@@ -105,7 +105,7 @@ def build(name: str, cfg: config.Config, info, seed: int) -> nn.Module:
 def run(name: str, cfg: config.Config, splits, lr: float, seed: int, steps: int = STEPS) -> dict:
     """One training run of `name` (gpt or lstm); its model is kept for the test."""
     model = build(name, cfg, splits.info, seed)
-    optimizer = train.build_optimizer(model, dataclasses.replace(cfg.optim, lr=lr))
+    optimizer = optimizers.build(model, dataclasses.replace(cfg.optim, lr=lr))
     result = train_lm(model, [optimizer], cfg, splits, seed, steps, EVAL_EVERY, VAL_WINDOWS)
     tokens = cfg.train.batch_size * splits.info.block_size
     return {"model_name": name, "lr": lr, "seed": seed, "steps": steps, **result,

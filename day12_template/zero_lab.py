@@ -37,7 +37,7 @@ sys.path.insert(0, str(TEMPLATE))
 import torch
 import torch.distributed as dist
 
-from train_template import checkpoint, config, distributed, memory, models, runlog, tasks, train
+from train_template import checkpoint, config, distributed, memory, models, optimizers, runlog, tasks, train
 from train_template.checkpoint import sharded, state
 
 CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
@@ -132,7 +132,7 @@ def worker(strategy: str, out: Path) -> None:
     model, built = build_measured(cfg, info, d)
     module = distributed.wrap(model, d)
     torch.manual_seed(cfg.run.seed)  # the batch below
-    optimizer = train.build_optimizer(model, cfg.optim)
+    optimizer = optimizers.build(model, cfg.optim)
     task = tasks.for_dataset(cfg.data.dataset, info)
     x, y = memory.sample_batch(info, cfg.train.batch_size // d.world)
     sent = SentBytes(module, d.world)

@@ -1,11 +1,13 @@
 """The config's messages, checked without training: a mistyped section is matched to a section, a value given to a
-section names one of its fields, and the configs in normal use warn of nothing."""
+section names one of its fields, the configs in normal use warn of nothing, and Muon is refused where it cannot
+work."""
+import sys
 from pathlib import Path
 
 import pytest
 
 from train_template import config
-from helpers import TEMPLATE, sets, tiny_lm
+from helpers import TEMPLATE, launch, sets, tiny_lm
 
 
 def refusal(tmp_path: Path, toml: str = "", overrides: tuple = ()) -> str:
@@ -44,3 +46,16 @@ def test_switching_the_dataset_warns_that_the_previous_datasets_table_is_ignored
     cfg = config.load(str(TEMPLATE / "configs" / "shakespeare_cpu.toml"), ["data.dataset=tokens", "data.root=x"])
     assert config.ignored(cfg) == ("[data.shakespeare] (eval_windows=1024) is ignored: data.dataset is tokens, which "
                                    "reads [data.tokens]")
+
+
+def test_muon_with_fsdp_is_refused_naming_both_fields(tmp_path):
+    message = refusal(tmp_path, overrides=("optim.name=muon", "train.strategy=fsdp"))
+    assert "optim.name=muon" in message and "train.strategy=fsdp" in message, message
+
+
+def test_muon_for_a_model_of_convolutions_is_refused_before_the_run_writes_anything(tmp_path):
+    """A ResNet's blocks hold 4-D kernels, which torch's Muon does not take: exit 2 and no run folder."""
+    code, text = launch([sys.executable, str(TEMPLATE / "train.py"), "--config",
+                         str(TEMPLATE / "configs/mnist_resnet.toml"), "--set", f"run.out_dir={tmp_path / 'run'}",
+                         "optim.name=muon"])
+    assert code == 2 and "use optim.name=adamw" in text and not (tmp_path / "run").exists(), text

@@ -18,8 +18,8 @@ from train_template.troubleshoot.faults import Faults
 from helpers import (FAULTS, FORMATS, STEPS, TINY, cfg_of, child_env, diff_states, every_record, full, launch,
                      one_thread, reached, sets, tiny_lm, train_records)
 
-VARIANTS = ["fp32", "grad_accum=4 + bf16", "2 data workers", "gpt", "gpt grad_accum=4 + bf16", "a modern gpt",
-            "sharded", "sharded, async_save"]
+VARIANTS = ["fp32", "grad_accum=4 + bf16", "2 data workers", "gpt", "gpt grad_accum=4 + bf16",
+            "a modern gpt, muon", "sharded", "sharded, async_save"]
 MODERN = {"model.gpt.norm": "rmsnorm", "model.gpt.position": "rope", "model.gpt.mlp": "swiglu",
           "model.gpt.qk_norm": True, "model.gpt.logit_softcap": 30.0, "model.gpt.tie_embeddings": False}
 
@@ -29,7 +29,7 @@ def variant_values(corpus: str) -> dict:
     return {"fp32": TINY, "grad_accum=4 + bf16": {**TINY, "train.grad_accum": 4, "train.amp": True},
             "2 data workers": {**TINY, "data.num_workers": 2}, "gpt": lm,
             "gpt grad_accum=4 + bf16": {**lm, "train.grad_accum": 4, "train.amp": True},
-            "a modern gpt": {**lm, **MODERN},
+            "a modern gpt, muon": {**lm, **MODERN, "optim.name": "muon"},
             "sharded": {**TINY, **FORMATS["sharded"]},
             "sharded, async_save": {**TINY, **FORMATS["sharded"], "checkpoint.async_save": True}}
 

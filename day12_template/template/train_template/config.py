@@ -123,7 +123,11 @@ class Model(Tables):
 
 @dataclass
 class Optim:
+    name: str = opt("adamw", "adamw | muon (torch.optim.Muon for the blocks' weight matrices, AdamW at optim.lr for "
+                    "the rest: the speedrun records' optimizer; optimizers.py)", choices=("adamw", "muon"))
     lr: float = opt(3e-3, "peak learning rate, reached at the end of the warmup", gt=0)
+    muon_lr: float = opt(0.05, "optim.name=muon: Muon's peak learning rate for the blocks' matrices (its update is "
+                         "orthogonalised, of unit scale: rates 1-2 decades above AdamW's)", gt=0)
     weight_decay: float = opt(0.05, "AdamW's decoupled decay, on weight matrices only (not biases, norm gains or "
                               "embeddings' positions)", ge=0)
     betas: tuple[float, ...] = opt((0.9, 0.999), "AdamW's moment decay rates (first, second)", ge=0, lt=1)
@@ -362,6 +366,9 @@ def check_combinations(cfg: Config, world_size: int | None = None) -> None:
     check_task(cfg)
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", cfg.run.device):
         raise ConfigError(f"run.device must be auto, cpu, mps, cuda or cuda:N; got {cfg.run.device!r}")
+    if cfg.optim.name == "muon" and cfg.train.strategy == "fsdp":
+        raise ConfigError("optim.name=muon orthogonalises whole weight matrices, which train.strategy=fsdp shards: "
+                          "use train.strategy=ddp (or optim.name=adamw)")
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
     if not cfg.run.out_dir:

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import checkpoint, config, data, distributed, models, train
+from . import checkpoint, config, data, distributed, models, optimizers, train
 from .checkpoint import state
 
 
@@ -24,7 +24,7 @@ def full_checkpoint(source: Path) -> dict:
         return ckpt
     cfg = config.from_dict(ckpt["config"])
     model = models.build(cfg.model, data.info_from(ckpt["info"]))
-    optimizer = train.build_optimizer(model, cfg.optim)
+    optimizer = optimizers.build(model, cfg.optim)
     checkpoint.load_sharded(model, optimizer, ckpt)
     one = distributed.Dist()  # this process alone: the plain state dicts of a single-process run
     full = {k: v for k, v in ckpt.items() if k not in ("sharded", "path", "optimizer_groups", "checksums")}

@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import config, data, models, tasks, train
+from . import config, data, models, optimizers, tasks, train
 
 CONTEXT_GIB = 0.5  # the CUDA context and library workspaces a card must hold besides the estimate
 
@@ -269,11 +269,9 @@ def cpu_eval_peak(cfg: config.Config, info) -> int:
 def cpu_step_peak(cfg: config.Config, info) -> int:
     """Measured on the CPU: the most a training step (forward, backward, clip, AdamW) allocates above the memory
     live before it (see allocation_peak)."""
-    from . import train
-
     torch.manual_seed(0)
     model = models.build(cfg.model, info)
-    optimizer = train.build_optimizer(model, cfg.optim)
+    optimizer = optimizers.build(model, cfg.optim)
     task = tasks.for_dataset(cfg.data.dataset, info)
     x, y = sample_batch(info, cfg.train.batch_size // cfg.train.grad_accum)
 

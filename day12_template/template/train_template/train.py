@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint, config, data, distributed, models, runlog, runlock, tasks
+from . import checkpoint, config, data, distributed, models, optimizers, runlog, runlock, tasks
 from .signals import StopSignal, Stopped, stopped
 from .troubleshoot import NonFinite, nonfinite_error
 
@@ -69,15 +69,6 @@ def build_model(cfg: config.Config, info, dist: distributed.Dist) -> torch.nn.Mo
     if cfg.model.channels_last and not shard:  # NHWC kernels (FSDP2 keeps its shards contiguous; inputs still NHWC)
         model.to(memory_format=torch.channels_last)
     return model
-
-
-def build_optimizer(model, cfg: config.Optim) -> torch.optim.Optimizer:
-    """AdamW with decay on weight matrices only (embeddings included, as nanoGPT): pulling biases and norm gains toward
-    0 does not regularise. (A tied embedding is one parameter: it is decayed once.)"""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-                             lr=cfg.lr, betas=cfg.betas)
 
 
 def warmup_cosine(optimizer, total_steps: int, cfg: config.Optim):
@@ -281,7 +272,7 @@ def setup(cfg: config.Config, dist: distributed.Dist, stop: StopSignal, closing:
     eval_loaders = data.eval_loaders(splits, micro, dist.rank, dist.world, cfg.data.num_workers, pin_memory)
     total_steps = run_steps(train_cfg, sampler)
     last_step = min(total_steps, train_cfg.max_steps or total_steps)
-    optimizer = build_optimizer(model, cfg.optim)
+    optimizer = optimizers.build(model, cfg.optim)
     scheduler = warmup_cosine(optimizer, total_steps, cfg.optim)
     scaler = torch.amp.GradScaler(device.type, enabled=train_cfg.amp and train_cfg.amp_dtype == "float16")  # fp16
     # Speed measures a CPU's peak FLOP/s (MFU's denominator) here, before the run starts anything else.

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, config, data, distributed, models, tasks, train
+from .. import checkpoint, config, data, distributed, models, optimizers, tasks, train
 from .faults import Faults
 
 
@@ -40,7 +40,7 @@ class Case:
         return model
 
     def optimizer(self, model) -> torch.optim.Optimizer:
-        return train.build_optimizer(model, self.cfg.optim)
+        return optimizers.build(model, self.cfg.optim)
 
     def batches(self, size: int = 0):
         """Training batches in a fixed shuffled order, endlessly, on the device."""
