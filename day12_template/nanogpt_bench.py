@@ -26,7 +26,7 @@ Rules
     model.py, configurator.py and the config file are recorded too, so the exact code is named either way.
   * Imports: the standard library, numpy and torch only (nanoGPT itself needs the same at training time).
 
-Run:  python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt                  (2000 iterations, ~2-3 min)
+Run:  python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt        (nanoGPT, then every TEMPLATE_RUNS run: ~10 min)
       python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt --steps 250 --eval-iters 50   (a quick check)
 
 Reading nanoGPT's figures (train.py, see the report in the results JSON, "notes"):
@@ -480,26 +480,38 @@ TEMPLATE_VAL_RE = re.compile(r"^step (\d+)/\d+: val loss (\S+)")
 TEMPLATE_LOG_EVERY = 10  # train records every 10 steps: the iteration time is read from their elapsed_s
 # The template's runs, each a config and its --sets, one change from the run before it: nanoGPT's recipe as
 # shakespeare_cpu.toml has it; a higher peak learning rate and a shorter cosine (chosen on the validation loss of
-# these files: see the README); the modern block of shakespeare_modern.toml at those settings; and its cosine cut to
-# 750 steps (chosen on the same validation loss).
+# these files: see the README); the modern block of shakespeare_modern.toml at those settings; its cosine cut to
+# 750 steps; Muon for the blocks' matrices (at muon_lab.py's rate); twice the batch for a quarter of the steps; and
+# shakespeare_speedrun.toml, whose rates and length were re-chosen for that batch (on the same validation loss). A run
+# of shakespeare_cpu.toml mirrors nanoGPT's (its steps and evaluation interval); the other configs keep their own
+# unless a --set changes them.
 TEMPLATE_RUNS = {"template": ("shakespeare_cpu.toml", []),
                  "template, tuned": ("shakespeare_cpu.toml", ["optim.lr=3e-3", "train.steps=1250"]),
                  "tuned, modern block": ("shakespeare_modern.toml", ["optim.lr=3e-3", "train.steps=1250"]),
-                 "modern, 750 steps": ("shakespeare_modern.toml", ["optim.lr=3e-3", "train.steps=750"])}
+                 "modern, 750 steps": ("shakespeare_modern.toml", ["optim.lr=3e-3", "train.steps=750"]),
+                 "750 steps, Muon": ("shakespeare_modern.toml", ["optim.lr=3e-3", "train.steps=750",
+                                                                 "optim.name=muon"]),
+                 "Muon, 200 steps x 24": ("shakespeare_modern.toml", ["optim.lr=3e-3", "train.steps=200",
+                                                                      "optim.name=muon", "train.batch_size=24"]),
+                 "speedrun": ("shakespeare_speedrun.toml", [])}
+# shakespeare_speedrun.toml is shakespeare_modern.toml with these (Day 12's gates hold it to them)
+SPEEDRUN_SETS = ["optim.name=muon", "optim.lr=6e-3", "optim.muon_lr=0.015", "train.batch_size=24", "train.steps=180",
+                 "train.eval_every=180"]
+MIRRORS_NANOGPT = "shakespeare_cpu.toml"
 
 
-def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, config: str = "shakespeare_cpu.toml",
-                 eval_every: int = 250, eval_windows: int = 1024, python: str = sys.executable, log_path=None) -> dict:
+def run_template(data_dir, threads: int, overrides: list[str], *, config: str = "shakespeare_cpu.toml",
+                 eval_windows: int = 1024, python: str = sys.executable, log_path=None) -> dict:
     """train.py with `config` (of configs/) on the prepared token files; the same RESULT_KEYS as nanoGPT's."""
-    from train_template import runlog
+    from train_template import config as template_config, runlog
 
     work = Path(tempfile.mkdtemp(prefix="template_bench_"))
-    sets = ["data.dataset=tokens", f"data.root={Path(data_dir).resolve()}", f"train.steps={steps}",
+    sets = ["data.dataset=tokens", f"data.root={Path(data_dir).resolve()}",
             f"data.tokens.block_size={CPU_RECIPE['block_size']}", f"data.tokens.eval_windows={eval_windows}",
-            f"train.eval_every={eval_every}",
             f"train.log_every={TEMPLATE_LOG_EVERY}", "train.progress=off", f"run.out_dir={work / 'run'}", *overrides]
     cmd = [python, str(TEMPLATE / "train.py"), "--config", str(TEMPLATE / "configs" / config),
            "--set", *sets]
+    batch = template_config.load(str(TEMPLATE / "configs" / config), sets).train.batch_size
     lines: list[tuple[float, str]] = []
     t_launch = time.perf_counter()
     proc = subprocess.Popen(cmd, env=thread_env(threads), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -515,14 +527,14 @@ def run_template(data_dir, steps: int, threads: int, overrides: list[str], *, co
     records = runlog.read_metrics(work / "run")
     shutil.rmtree(work, ignore_errors=True)
     steps_at = {r["step"]: r for r in records if r["kind"] == "train"}
+    evals = {int(m[1]): (float(m[2]), t) for t, s in lines if (m := TEMPLATE_VAL_RE.match(s))}
     # Iteration time from consecutive records; an interval that holds an evaluation (and its checkpoint) is left out.
     per_iter = {s: (steps_at[s]["elapsed_s"] - steps_at[s - TEMPLATE_LOG_EVERY]["elapsed_s"]) / TEMPLATE_LOG_EVERY
                 for s in steps_at if s - TEMPLATE_LOG_EVERY in steps_at}
-    train_ms = [1000 * t for s, t in per_iter.items() if (s - TEMPLATE_LOG_EVERY) % eval_every]
-    eval_intervals = [1000 * t for s, t in per_iter.items() if not (s - TEMPLATE_LOG_EVERY) % eval_every]
+    train_ms = [1000 * t for s, t in per_iter.items() if s - TEMPLATE_LOG_EVERY not in evals]
+    eval_intervals = [1000 * t for s, t in per_iter.items() if s - TEMPLATE_LOG_EVERY in evals]
     median = statistics.median(train_ms)
-    batch, block = 12, CPU_RECIPE["block_size"]
-    evals = {int(m[1]): (float(m[2]), t) for t, s in lines if (m := TEMPLATE_VAL_RE.match(s))}
+    block = CPU_RECIPE["block_size"]
     eval_s = sum((ms - median) * TEMPLATE_LOG_EVERY / 1000 for ms in eval_intervals)
     return {"impl": "template", "steps": max(evals), "batch_size": batch, "block_size": block,
             "tokens_per_iter": batch * block, "iter_ms_median": median, "tokens_per_s": batch * block / (median / 1000),
@@ -540,32 +552,25 @@ def time_to(result: dict, target: float) -> float | None:
 
 
 def markdown(results: dict) -> str:
-    """The README's comparison table, from the results written by main()."""
+    """The README's record table, from the results written by main(): a row per run, nanoGPT's first."""
     runs, m = results["runs"], results["machine"]
     nano = runs["nanogpt"]
     target = nano["val_loss_by_step"][str(nano["steps"])]
     lines = [f"nanoGPT `{results['nanogpt_commit'][:12]}` against the template on the same token files (the 42 works "
              f"as characters, {results['dataset']['vocab_size']} symbols, nanoGPT's 90/10 split), the same model "
-             f"(4 x 4 x 128, context 64, no bias), batch 12, fp32, compile off, {m['threads']} threads each, one "
-             f"after another on {m['cpu']}, torch {m['torch']}:", "",
-             "| | " + " | ".join(runs) + " |", "|---|" + "---:|" * len(runs),
-             "| optimizer steps | " + " | ".join(str(r["steps"]) for r in runs.values()) + " |",
-             "| median ms per training iteration | " + " | ".join(f"{r['iter_ms_median']:.1f}" for r in runs.values())
-             + " |",
-             "| tokens/s (training iterations) | " + " | ".join(f"{r['tokens_per_s']:,.0f}" for r in runs.values())
-             + " |",
-             "| tokens/s vs nanoGPT | " + " | ".join(f"{r['tokens_per_s'] / nano['tokens_per_s']:.2f}x"
-                                                   for r in runs.values()) + " |",
-             "| val loss at the last step (nats per character) | "
-             + " | ".join(f"{r['val_loss_by_step'][str(r['steps'])]:.4f}" for r in runs.values()) + " |",
-             f"| seconds from launch to nanoGPT's final val loss ({target:.4f}) | "
-             + " | ".join("not reached" if time_to(r, target) is None else f"{time_to(r, target):.1f}"
-                          for r in runs.values()) + " |",
-             "| ... vs nanoGPT | " + " | ".join("-" if time_to(r, target) is None else
-                                               f"{time_to(r, target) / time_to(nano, target):.2f}x"
-                                               for r in runs.values()) + " |",
-             "| wall seconds, launch to exit (evaluations' share) | "
-             + " | ".join(f"{r['wall_s']:.1f} ({100 * r['eval_share']:.0f}%)" for r in runs.values()) + " |"]
+             f"size (4 x 4 x 128, context 64, no bias), fp32, compile off, {m['threads']} threads each, one "
+             f"after another on {m['cpu']}, torch {m['torch']}. The target: nanoGPT's val loss at its last step, "
+             f"{target:.4f}.", "",
+             "| run | steps x windows | ms per step | tokens/s vs nanoGPT | val loss at its last step | seconds from "
+             "launch to the target | vs nanoGPT | wall seconds (evaluations' share) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in runs.items():
+        reached = time_to(r, target)
+        lines.append(f"| {name} | {r['steps']:,} x {r['batch_size']} | {r['iter_ms_median']:.1f} | "
+                     f"{r['tokens_per_s'] / nano['tokens_per_s']:.2f}x | {r['val_loss_by_step'][str(r['steps'])]:.4f} | "
+                     + ("not reached | - | " if reached is None else
+                        f"{reached:.1f} | {reached / time_to(nano, target):.2f}x | ")
+                     + f"{r['wall_s']:.1f} ({100 * r['eval_share']:.0f}%) |")
     lines += ["", "Runs: " + "; ".join(f"{name}: `{r.get('config', 'shakespeare_cpu.toml')}` "
                                        f"`{' '.join(r.get('overrides') or []) or 'as it is'}`"
                                        for name, r in runs.items() if name != "nanogpt") + "."]
@@ -614,9 +619,9 @@ def main(argv=None) -> int:
                        timeout_s=a.timeout)
     runs = {"nanogpt": nano}
     for name, (config, overrides) in TEMPLATE_RUNS.items():
-        steps = next((int(o.split("=")[1]) for o in overrides if o.startswith("train.steps=")), a.steps)
         print(f"{name}: {config} {' '.join(overrides)} ...", flush=True)
-        runs[name] = run_template(data_dir, steps, a.threads, overrides, config=config, eval_every=a.eval_interval,
+        mirror = [f"train.steps={a.steps}", f"train.eval_every={a.eval_interval}"] if config == MIRRORS_NANOGPT else []
+        runs[name] = run_template(data_dir, a.threads, [*mirror, *overrides], config=config,
                                   eval_windows=a.eval_windows, log_path=a.out / f"{name.replace(', ', '_')}.log")
     load_after = loadavg()
     from train_template import runlog
