@@ -39,7 +39,7 @@ def markdown(res: dict) -> str:
             f"{r['test_loss']:.4f} |" for r in res["runs"]]
     return "\n".join([f"Each config as it is on the repo's Shakespeare (whole works held out), {res['machine']}, torch "
                       f"{res['torch']}, {res['threads']} threads; the test works scored once, with best.pt:", "",
-                      "| config | steps x windows | seconds, launch of the run to its end | best val loss | "
+                      "| config | steps x windows | seconds of train.run (setup to the final test) | best val loss | "
                       "test loss |", "|---|---:|---:|---:|---:|", *rows]) + "\n"
 
 
