@@ -1078,8 +1078,8 @@ def test_muon_gets_the_blocks_linear_weights_and_adamw_the_embeddings_and_norms(
 
 
 @pytest.mark.parametrize("name", ["mnist_mlp", "mnist_resnet", "shakespeare_cpu"])
-def test_build_optimizer_decays_the_weight_matrices_and_embeddings_only(name):
-    """train.build_optimizer's groups, against the modules that own each parameter: the weight of every Linear, Conv
+def test_adamw_decays_the_weight_matrices_and_embeddings_only(name):
+    """optimizers.build's AdamW groups, against the modules that own each parameter: the weight of every Linear, Conv
     and Embedding decayed at optim.weight_decay; biases and the norms' gains and shifts (LayerNorm, BatchNorm) not."""
     cfg = config.load(str(TEMPLATE / "configs" / f"{name}.toml"), [])
     model = models.build(cfg.model, memory.info_of(cfg), device="meta")

@@ -1,12 +1,12 @@
 """Gates for memory.py on language models: its activations are the bytes a real GPT forward saves, its step peak is
-the CPU's measured one, GPT-2 small is estimated without data, and the curriculum's formula is within a stated factor
-of the count."""
+the CPU's measured one, its optimizer state what AdamW or Muon holds, GPT-2 small is estimated without data, and the
+curriculum's formula is within a stated factor of the count."""
 from pathlib import Path
 
 import pytest
 import torch
 
-from train_template import config, memory, models, tasks
+from train_template import config, memory, models, optimizers, tasks
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -103,3 +103,18 @@ def test_curriculum_formula_overcounts_the_gpt_activations_by_at_most_2_5x(name,
     est = memory.estimate(cfg, memory.info_of(cfg))
     ratio = est["activations_formula"] / est["activations"]
     assert 1 <= ratio <= 2.5, ratio
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_the_estimated_optimizer_state_is_the_bytes_the_optimizer_holds_after_a_step(name, corpus):
+    """AdamW keeps two moments per parameter; Muon one momentum per matrix of the blocks, AdamW the rest (each
+    AdamW parameter's step counter, a 4-byte scalar, is left out of the estimate: within 0.1%)."""
+    cfg = load("shakespeare_cpu.toml", f"optim.name={name}", root=corpus)
+    info = memory.info_of(cfg)
+    model = models.build(cfg.model, info)
+    optimizer = optimizers.build(model, cfg.optim)
+    x, y = memory.sample_batch(info, 2)
+    tasks.for_dataset(cfg.data.dataset, info).loss(model(x), y).backward()
+    optimizer.step()
+    held = sum(t.nbytes for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t))
+    assert abs(memory.estimate(cfg, info, device="cpu")["optimizer"] / held - 1) < 1e-3, held

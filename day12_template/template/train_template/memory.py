@@ -4,8 +4,8 @@
     python memory.py --config configs/gpt2_124m.toml      (model.gpt.vocab_size is set: no token files needed)
 
 Counted, in bytes, for one process (no FSDP sharding), float32 weights and AdamW:
-  resting   weights 4/param + AdamW moments 8/param + one micro-batch (images float32 + int64 labels, or int64 token
-            ids + int64 next-token targets)
+  resting   weights 4/param + AdamW moments 8/param (optim.name=muon: Muon's momentum, 4/param, for the blocks'
+            matrices) + one micro-batch (images float32 + int64 labels, or int64 token ids + int64 next-token targets)
   step peak what one training step adds on top, the larger of
             backward:  the activations autograd saves in one micro-batch's forward and loss (counted exactly with
                        saved_tensors_hooks at batch 1 and 2, then scaled: they are linear in the batch, under the same
@@ -193,6 +193,15 @@ def activations_formula(cfg: config.Config, info, micro: int) -> int:
     return round(per_layer * gpt.n_layer * (1 if cfg.train.amp else 2))
 
 
+def optimizer_state(model: torch.nn.Module, cfg: config.Optim) -> int:
+    """Bytes of the optimizer's state: AdamW's two fp32 moments per parameter; under optim.name=muon, Muon's one
+    momentum buffer for each of the blocks' matrices."""
+    if cfg.name == "adamw":
+        return 8 * sum(p.numel() for p in model.parameters())
+    matrices, rest = optimizers.muon_split(model)
+    return 4 * sum(p.numel() for p in matrices) + 8 * sum(p.numel() for p in rest)
+
+
 def at(v1: int, v2: int, micro: int) -> int:
     """A figure linear in the batch, from its values at batch 1 and 2, at batch `micro`."""
     return (2 * v1 - v2) + (v2 - v1) * micro
@@ -206,6 +215,7 @@ class Estimator:
         self.cfg, self.info, self.device = cfg, info, device
         model = models.build(cfg.model, info, device="meta")  # shapes only: GPT-2's weights are never initialised
         self.params = sum(p.numel() for p in model.parameters())
+        self.optimizer_state = optimizer_state(model, cfg.optim)
         self.largest_param = max(p.numel() for p in model.parameters()) * 4
         self.sample_bytes = sum(t.nbytes for t in sample_batch(info, 1))
         self.at_1, self.at_2 = activations(cfg, info, 1, device), activations(cfg, info, 2, device)
@@ -220,7 +230,7 @@ class Estimator:
         largest = max(at(v1, v2, micro) for v1, v2 in zip(sizes_1, sizes_2, strict=True))
         params = self.params
         e = {"params": params, "micro_batch": micro, "weights": 4 * params, "grads": 4 * params,
-             "optimizer": 8 * params, "batch": micro * self.sample_bytes, "activations": act, "logits": logits}
+             "optimizer": self.optimizer_state, "batch": micro * self.sample_bytes, "activations": act, "logits": logits}
         if self.cfg.model.name == "gpt":
             e["activations_formula"] = activations_formula(self.cfg, self.info, micro)
         e["backward"] = act + max(largest, 2 * logits) + (e["grads"] if self.cfg.train.grad_accum > 1 else 0)

@@ -59,7 +59,7 @@ def check_config(case: Case) -> list[Finding]:
                        + (f"not in the optimizer: {left_out}" if left_out else "all in the optimizer")
                        + (f"; the schedule's rate is 0 at steps {zero[:3]}..." if zero else
                           "; the schedule's rate stays above 0 until the last step"), ["loss-7"],
-                       "hand every trainable parameter to the optimizer (build_optimizer) and keep the rate above 0; "
+                       "hand every trainable parameter to the optimizer (optimizers.build) and keep the rate above 0; "
                        "a model with nothing trainable cannot learn (requires_grad_(False) everywhere?)"))
     files = isinstance(getattr(case.splits.train, "inner", case.splits.train), data.ImageFolderData)  # under a break
     issues = [w for w, bad in [
