@@ -1,13 +1,12 @@
 """The config's messages, checked without training: a mistyped section is matched to a section, a value given to a
 section names one of its fields, the configs in normal use warn of nothing, and Muon is refused where it cannot
 work."""
-import sys
 from pathlib import Path
 
 import pytest
 
-from train_template import config
-from helpers import TEMPLATE, launch, sets, tiny_lm
+from train_template import config, train
+from helpers import TEMPLATE, sets, tiny_lm
 
 
 def refusal(tmp_path: Path, toml: str = "", overrides: tuple = ()) -> str:
@@ -53,9 +52,9 @@ def test_muon_with_fsdp_is_refused_naming_both_fields(tmp_path):
     assert "optim.name=muon" in message and "train.strategy=fsdp" in message, message
 
 
-def test_muon_for_a_model_of_convolutions_is_refused_before_the_run_writes_anything(tmp_path):
+def test_muon_for_a_model_of_convolutions_is_refused_before_the_run_writes_anything(tmp_path, capsys):
     """A ResNet's blocks hold 4-D kernels, which torch's Muon does not take: exit 2 and no run folder."""
-    code, text = launch([sys.executable, str(TEMPLATE / "train.py"), "--config",
-                         str(TEMPLATE / "configs/mnist_resnet.toml"), "--set", f"run.out_dir={tmp_path / 'run'}",
-                         "optim.name=muon"])
-    assert code == 2 and "use optim.name=adamw" in text and not (tmp_path / "run").exists(), text
+    code = train.main(["--config", str(TEMPLATE / "configs/synthetic_smoke.toml"), "--set",
+                       f"run.out_dir={tmp_path / 'run'}", "model.name=resnet", "optim.name=muon"])
+    message = capsys.readouterr().err
+    assert code == 2 and "use optim.name=adamw" in message and not (tmp_path / "run").exists(), message
