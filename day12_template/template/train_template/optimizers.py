@@ -32,6 +32,14 @@ def orthogonalise_fp32(update: torch.Tensor, ns_coefficients: tuple, ns_steps: i
     return x.T if tall else x
 
 
+def loss_of(closure) -> torch.Tensor | None:
+    """What a step's closure returns (torch.optim's protocol: it recomputes the loss, with gradients on)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class Fp32Muon(torch.optim.Muon):
     """torch.optim.Muon's update with the Newton-Schulz iteration in fp32: its settings, checks and state
     (`momentum_buffer`), and its step as torch documents it (momentum, Nesterov, orthogonalise, decoupled weight decay,
@@ -44,10 +52,7 @@ class Fp32Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = loss_of(closure)
         for group in self.param_groups:
             momentum = group["momentum"]
             for p in group["params"]:
@@ -81,10 +86,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = loss_of(closure)
         for part in self.parts:
             part.step()
         return loss
