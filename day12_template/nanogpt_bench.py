@@ -26,7 +26,7 @@ Rules
     model.py, configurator.py and the config file are recorded too, so the exact code is named either way.
   * Imports: the standard library, numpy and torch only (nanoGPT itself needs the same at training time).
 
-Run:  python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt        (nanoGPT, then every TEMPLATE_RUNS run: ~10 min)
+Run:  python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt     (nanoGPT, then each TEMPLATE_RUNS run: ~10 min)
       python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt --steps 250 --eval-iters 50   (a quick check)
 
 Reading nanoGPT's figures (train.py, see the report in the results JSON, "notes"):
@@ -563,15 +563,29 @@ def markdown(results: dict) -> str:
              "launch to the target | vs nanoGPT | wall seconds (evaluations' share) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in runs.items():
-        reached = time_to(r, target)
         lines.append(f"| {name} | {r['steps']:,} x {r['batch_size']} | {r['iter_ms_median']:.1f} | "
-                     f"{r['tokens_per_s'] / nano['tokens_per_s']:.2f}x | {r['val_loss_by_step'][str(r['steps'])]:.4f} | "
-                     + ("not reached | - | " if reached is None else
-                        f"{reached:.1f} | {reached / time_to(nano, target):.2f}x | ")
-                     + f"{r['wall_s']:.1f} ({100 * r['eval_share']:.0f}%) |")
+                     f"{r['tokens_per_s'] / nano['tokens_per_s']:.2f}x | "
+                     f"{r['val_loss_by_step'][str(r['steps'])]:.4f} | "
+                     f"{time_cells(time_to(r, target), time_to(nano, target))} | "
+                     f"{r['wall_s']:.1f} ({100 * r['eval_share']:.0f}%) |")
     lines += ["", "Runs: " + "; ".join(f"{name}: `{r['config']}` `{' '.join(effective(r['overrides'])) or 'as it is'}`"
                                        for name, r in runs.items() if name != "nanogpt") + "."]
     return "\n".join(lines) + "\n"
+
+
+def time_cells(reached: float | None, nanogpt_s: float) -> str:
+    """The record's two cells: seconds from launch to the target and their ratio to nanoGPT's."""
+    if reached is None:
+        return "not reached | -"
+    return f"{reached:.1f} | {reached / nanogpt_s:.2f}x"
+
+
+def mirrored(config: str, steps: int, eval_interval: int) -> list[str]:
+    """The --sets that make a run of MIRRORS_NANOGPT follow nanoGPT's steps and evaluation interval (none for the
+    other configs: they keep their own)."""
+    if config != MIRRORS_NANOGPT:
+        return []
+    return [f"train.steps={steps}", f"train.eval_every={eval_interval}"]
 
 
 def effective(overrides: list[str]) -> list[str]:
@@ -626,8 +640,8 @@ def main(argv=None) -> int:
     runs = {"nanogpt": nano}
     for name, (config, overrides) in TEMPLATE_RUNS.items():
         print(f"{name}: {config} {' '.join(overrides)} ...", flush=True)
-        mirror = [f"train.steps={a.steps}", f"train.eval_every={a.eval_interval}"] if config == MIRRORS_NANOGPT else []
-        runs[name] = run_template(data_dir, a.threads, [*mirror, *overrides], config=config,
+        runs[name] = run_template(data_dir, a.threads, [*mirrored(config, a.steps, a.eval_interval), *overrides],
+                                  config=config,
                                   eval_windows=a.eval_windows, log_path=a.out / f"{name.replace(', ', '_')}.log")
     load_after = loadavg()
     from train_template import runlog

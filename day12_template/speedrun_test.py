@@ -1,4 +1,4 @@
-"""speedrun_test.py — the speedrun config and nanoGPT's recipe on the template's own split, each test loss evaluated once.
+"""speedrun_test.py — the speedrun config and nanoGPT's recipe on the template's own split, each test loss once.
 
     python speedrun_test.py --out results        # results/speedrun_test.json and speedrun_test.md
 
@@ -30,7 +30,8 @@ def measure(name: str, out_dir: Path) -> dict:
     cfg = config.load(str(TEMPLATE / "configs" / name), [f"run.out_dir={out_dir}", "train.progress=off"])
     t0 = time.perf_counter()
     result = train.run(cfg)
-    return {"config": name, "steps": cfg.train.steps, "batch": cfg.train.batch_size, "seconds": time.perf_counter() - t0,
+    seconds = time.perf_counter() - t0
+    return {"config": name, "steps": cfg.train.steps, "batch": cfg.train.batch_size, "seconds": seconds,
             "best_val_loss": result["best_val_loss"], "test_loss": result["test_loss"]}
 
 

@@ -160,7 +160,8 @@ def days_measured() -> dict[int, str]:
             f"{naive['test_acc']:.2%} → {optimised['test_acc']:.2%}",
         12: f"MNIST config {day12_config('mnist_mlp')['test_acc']:.2%}; the GPT "
             f"{day12_config('shakespeare_cpu')['val_loss']:.3f} nats/char on held-out works; nanoGPT's final loss in "
-            f"{day12_nanogpt()[2]:.2f}× its time (the CPU speedrun); loop overhead {d12b['overhead']['wall']['overhead']:+.1%}; FSDP2 "
+            f"{day12_nanogpt()[2]:.2f}× its time (the CPU speedrun); loop overhead "
+            f"{d12b['overhead']['wall']['overhead']:+.1%}; FSDP2 "
             f"state per rank at 4 ranks {day12_fsdp_share(4):.3f} of DDP's",
     }
 DAYS_PROSE = {  # the twelve-day table's folder-independent columns: deliverable, key APIs, gate

@@ -230,7 +230,8 @@ class Estimator:
         largest = max(at(v1, v2, micro) for v1, v2 in zip(sizes_1, sizes_2, strict=True))
         params = self.params
         e = {"params": params, "micro_batch": micro, "weights": 4 * params, "grads": 4 * params,
-             "optimizer": self.optimizer_state, "batch": micro * self.sample_bytes, "activations": act, "logits": logits}
+             "optimizer": self.optimizer_state, "batch": micro * self.sample_bytes, "activations": act,
+             "logits": logits}
         if self.cfg.model.name == "gpt":
             e["activations_formula"] = activations_formula(self.cfg, self.info, micro)
         e["backward"] = act + max(largest, 2 * logits) + (e["grads"] if self.cfg.train.grad_accum > 1 else 0)
