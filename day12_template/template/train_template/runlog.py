@@ -423,7 +423,7 @@ def cuda_card(name: str) -> str | None:
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
     """(FLOP/s, where it comes from): on CUDA the card's peak at `dtype` from CUDA_PEAK (None for a card not in it);
-    on a CPU the best of a few square matmuls at `dtype` with this process's threads, measured now (~0.5 s)."""
+    on a CPU the best of a few square matmuls at `dtype` (cpu_peak_flops)."""
     if device.type == "cuda":
         name, card = torch.cuda.get_device_name(device), cuda_card(torch.cuda.get_device_name(device))
         if card is None:
@@ -433,6 +433,13 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
         return peak, f"{name}: {card}'s dense {str(dtype).split('.')[-1]} peak (runlog.CUDA_PEAK)"
     if device.type != "cpu":
         return None, f"{device.type}: no peak known"
+    return cpu_peak_flops(dtype, torch.get_num_threads())
+
+
+@functools.cache
+def cpu_peak_flops(dtype: torch.dtype, threads: int) -> tuple[float, str]:
+    """The best of a few 1024x1024 matmuls at `dtype` on `threads` threads, measured over ~0.5 s the first time a
+    process asks (a second run in the same process, as in a test suite or a sweep, reuses it)."""
     n, g = 1024, torch.Generator().manual_seed(0)  # its own generator: a resumed run's RNG state stays untouched
     a, b = torch.randn(n, n, generator=g).to(dtype), torch.randn(n, n, generator=g).to(dtype)
     best = math.inf
@@ -441,7 +448,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, 
         t0 = time.perf_counter()
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best, f"{n}x{n} {str(dtype).split('.')[-1]} matmul on {torch.get_num_threads()} thread(s)"
+    return 2 * n ** 3 / best, f"{n}x{n} {str(dtype).split('.')[-1]} matmul on {threads} thread(s)"
 
 
 class Speed:
