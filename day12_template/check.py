@@ -51,6 +51,7 @@ import drills_lab
 import main as demo
 import modern_lab
 import muon_lab
+import nanogpt_bench
 import rnn_to_attention_lab as rnn_lab
 import same_numbers
 import zero_lab
@@ -1077,7 +1078,7 @@ def test_muon_gets_the_blocks_linear_weights_and_adamw_the_embeddings_and_norms(
 
 
 @pytest.mark.parametrize("name", ["mnist_mlp", "mnist_resnet", "shakespeare_cpu"])
-def test_build_optimizer_decays_the_weight_matrices_and_embeddings_only(name):
+def test_adamw_decays_the_weight_matrices_and_embeddings_only(name):
     """optimizers.build's AdamW groups, against the modules that own each parameter: the weight of every Linear, Conv
     and Embedding decayed at optim.weight_decay; biases and the norms' gains and shifts (LayerNorm, BatchNorm) not."""
     cfg = config.load(str(TEMPLATE / "configs" / f"{name}.toml"), [])
@@ -1237,6 +1238,35 @@ def test_shakespeare_modern_s_parts_are_among_those_the_fsdp_init_and_kill_resum
     options = modern_lab.modern_options()
     gates.check("shakespeare_modern.toml's [model.gpt] changes not run by the FSDP2 init and resume gates",
                 {k: v for k, v in options.items() if MODERN_LM.get(k) != v or MODERN.get(k) != v}, "==", {})
+
+
+# --- the CPU speedrun (shakespeare_speedrun.toml, nanogpt_bench.py) ----------------------------------------------------
+SPEEDRUN_GATE_STEPS = 25  # the speedrun's steps in the cut-down race; the tuned AdamW recipe takes twice as many
+
+
+def test_shakespeare_speedrun_is_shakespeare_modern_with_the_bench_s_listed_changes():
+    speedrun = config.load(str(TEMPLATE / "configs" / "shakespeare_speedrun.toml"), [])
+    listed = config.load(str(modern_lab.MODERN), [*nanogpt_bench.SPEEDRUN_SETS, f"run.out_dir={speedrun.run.out_dir}"])
+    gates.check("shakespeare_speedrun.toml == shakespeare_modern.toml + nanogpt_bench.SPEEDRUN_SETS, output folder "
+                "aside", speedrun == listed, "==", True)
+
+
+def test_the_speedrun_config_reaches_a_lower_val_loss_than_the_tuned_adamw_recipe_on_as_many_tokens(tmp_path):
+    """A cut-down race on the repo's Shakespeare (validation: the held-out works): the speedrun config, its cosine cut
+    to SPEEDRUN_GATE_STEPS steps of 24 windows, against shakespeare_cpu.toml at the tuned rate (3e-3), its cosine over
+    twice the steps of 12 windows: the same tokens, half the optimizer steps."""
+    cut = ["data.shakespeare.eval_windows=256", "train.progress=off"]
+    speedrun = config.load(str(TEMPLATE / "configs" / "shakespeare_speedrun.toml"),
+                           [*cut, f"train.steps={SPEEDRUN_GATE_STEPS}", f"train.eval_every={SPEEDRUN_GATE_STEPS}",
+                            f"run.out_dir={tmp_path / 'speedrun'}"])
+    adamw = config.load(str(TEMPLATE / "configs" / "shakespeare_cpu.toml"),
+                        [*cut, "optim.lr=3e-3", f"train.steps={2 * SPEEDRUN_GATE_STEPS}",
+                         f"train.eval_every={2 * SPEEDRUN_GATE_STEPS}", f"run.out_dir={tmp_path / 'adamw'}"])
+    tokens = [cfg.train.steps * cfg.train.batch_size for cfg in (speedrun, adamw)]
+    assert tokens[0] == tokens[1], tokens
+    loss = [train.run(cfg)["best_val_loss"] for cfg in (speedrun, adamw)]
+    gates.check(f"val loss after {tokens[0]:,} windows: the speedrun config's / the tuned AdamW recipe's",
+                loss[0] / loss[1], "<", 1.0)
 
 
 # --- the engineering chapter's drills (drills_lab.py) ----------------------------------------------------------------

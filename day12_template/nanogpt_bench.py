@@ -495,6 +495,9 @@ TEMPLATE_RUNS = {"template": ("shakespeare_cpu.toml", []),
                                                                       "optim.name=muon", "train.batch_size=24"]),
                  "speedrun": ("shakespeare_speedrun.toml", []),
                  "speedrun, compiled": ("shakespeare_speedrun.toml", ["model.compile=true"])}
+# shakespeare_speedrun.toml is shakespeare_modern.toml with these (Day 12's gates hold it to them)
+SPEEDRUN_SETS = ["optim.name=muon", "optim.lr=6e-3", "optim.muon_lr=0.015", "train.batch_size=24", "train.steps=180",
+                 "train.eval_every=180"]
 MIRRORS_NANOGPT = "shakespeare_cpu.toml"
 
 
