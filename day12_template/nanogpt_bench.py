@@ -26,7 +26,7 @@ Rules
     model.py, configurator.py and the config file are recorded too, so the exact code is named either way.
   * Imports: the standard library, numpy and torch only (nanoGPT itself needs the same at training time).
 
-Run:  python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt     (nanoGPT, then each TEMPLATE_RUNS run: ~10 min)
+Run:  python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt     (nanoGPT, then each template_runs() run: ~10 min)
       python day12_template/nanogpt_bench.py --nanogpt /tmp/nanogpt --steps 250 --eval-iters 50   (a quick check)
 
 Reading nanoGPT's figures (train.py, see the report in the results JSON, "notes"):
@@ -499,6 +499,20 @@ TEMPLATE_RUNS = {"template": ("shakespeare_cpu.toml", []),
 SPEEDRUN_SETS = ["optim.name=muon", "optim.lr=6e-3", "optim.muon_lr=0.015", "train.batch_size=24", "train.steps=180",
                  "train.eval_every=180"]
 MIRRORS_NANOGPT = "shakespeare_cpu.toml"
+# The speedrun under bf16 autocast: run only on a CPU that multiplies bf16 matrices faster than fp32 ones (runlog's
+# measured peaks: AMX or AVX-512 BF16); on an AVX2-only CPU a bf16 matmul costs ~100x an fp32 one (Day 7)
+BF16_RUN = {"speedrun, bf16 autocast": ("shakespeare_speedrun.toml", ["train.amp=true"])}
+
+
+def template_runs() -> dict:
+    """TEMPLATE_RUNS, and BF16_RUN where this CPU's bf16 matmul peak beats its fp32 one."""
+    from train_template import runlog
+
+    cpu = torch.device("cpu")
+    bf16, fp32 = (runlog.peak_flops(cpu, dtype)[0] for dtype in (torch.bfloat16, torch.float32))
+    if bf16 > fp32:
+        return {**TEMPLATE_RUNS, **BF16_RUN}
+    return TEMPLATE_RUNS
 
 
 def run_template(data_dir, threads: int, overrides: list[str], *, config: str = "shakespeare_cpu.toml",
@@ -641,7 +655,7 @@ def main(argv=None) -> int:
                        log_path=a.out / f"nanogpt_steps{a.steps}.log", keep_workdir=a.keep_workdir,
                        timeout_s=a.timeout)
     runs = {"nanogpt": nano}
-    for name, (config, overrides) in TEMPLATE_RUNS.items():
+    for name, (config, overrides) in template_runs().items():
         print(f"{name}: {config} {' '.join(overrides)} ...", flush=True)
         runs[name] = run_template(data_dir, a.threads, [*mirrored(config, a.steps, a.eval_interval), *overrides],
                                   config=config,
