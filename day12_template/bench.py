@@ -9,6 +9,8 @@
 2. Scale-out. The same global batch trained by 1 process (1 thread), 1 process (2 threads) and torchrun with 2 ranks
    of 1 thread each (DDP, gloo): samples/s over steps 10-210.
 3. Generation. sample.py's tokens/s for 500 new tokens with and without the KV cache, on the GPT trained in 1.
+   (context 64: the window refills every 32 tokens) and on shakespeare_25m.toml's GPT (context 256, its weights as
+   initialised: the speed does not depend on them), one thread.
 
 Run:  python day12_template/bench.py                       (writes day12_template/runs/bench/bench.{json,md})
       python day12_template/bench.py --out day12_template/results
@@ -101,15 +103,29 @@ def gpt_figures(cfg_path: Path, run_dir: Path) -> dict:
     the KV cache on that run's weights."""
     rec = {r["step"]: r for r in runlog.read_metrics(run_dir) if r["kind"] == "train"}
     model, cfg, _ = sample.load_model(run_dir / "last.pt")
-    tokenizer = text.tokenizer(cfg.data.dataset, cfg.data.root)
+    return {"config": cfg_path.name, "tokens_per_s": rec[LAST]["tokens_per_s"], "mfu": rec[LAST]["mfu"],
+            **generation_speed(model, text.tokenizer(cfg.data.dataset, cfg.data.root))}
+
+
+def generation_speed(model: torch.nn.Module, tokenizer) -> dict:
+    """sample.py's tokens/s for SAMPLE_TOKENS new tokens after "ROMEO:", with and without the KV cache."""
     speed = {}
     for name, use_cache in (("kv_cache", True), ("no_cache", False)):
         _, seconds = sample.generate(model, tokenizer, "ROMEO:", SAMPLE_TOKENS, 0.8, 50, 0, use_cache)
         speed[name] = SAMPLE_TOKENS / seconds
         print(f"  sample.py, {name}: {speed[name]:,.0f} tokens/s", flush=True)
-    return {"config": cfg_path.name, "tokens_per_s": rec[LAST]["tokens_per_s"], "mfu": rec[LAST]["mfu"],
-            "sample_tokens": SAMPLE_TOKENS, "sample_tokens_per_s": speed,
+    return {"sample_tokens": SAMPLE_TOKENS, "sample_tokens_per_s": speed,
             "cache_speedup": speed["kv_cache"] / speed["no_cache"]}
+
+
+def long_context_generation(cfg_path: Path) -> dict:
+    """generation_speed on a config's GPT as initialised (seed 0), in fp32 and eager, as sample.py runs it."""
+    cfg = config.load(str(cfg_path), [])
+    torch.manual_seed(0)
+    model = models.build(cfg.model, data.build(cfg.data, cfg.run.seed).info).eval()
+    return {"config": cfg_path.name, "block_size": cfg.model.gpt.block_size,
+            "params": models.count_params(model),
+            **generation_speed(model, text.tokenizer(cfg.data.dataset, cfg.data.root))}
 
 
 def scale_out(cfg_path: Path, runs: Path) -> dict:
@@ -142,6 +158,13 @@ def overhead_rows(o: dict) -> list[str]:
             f"| **template overhead** (goal <= 5%) | **{100 * w['overhead']:+.1f}%** | {100 * c['overhead']:+.1f}% |"]
 
 
+def long_context_line(g: dict) -> str:
+    return (f"At context {g['block_size']}, `{g['config']}`'s GPT ({g['params'] / 1e6:.1f} M parameters, as "
+            f"initialised), sample.py, {g['sample_tokens']} new tokens: {g['sample_tokens_per_s']['kv_cache']:,.1f} "
+            f"tokens/s with the KV cache, {g['sample_tokens_per_s']['no_cache']:,.1f} without "
+            f"({g['cache_speedup']:.1f}x).")
+
+
 def markdown(res: dict) -> str:
     g = res["gpt"]
     lines = [f"Config `{res['config']}` (batch {res['batch_size']}), steps {FIRST}-{LAST}, one thread, on "
@@ -153,6 +176,7 @@ def markdown(res: dict) -> str:
              f"matmul peak (one thread). sample.py, {g['sample_tokens']} new tokens: "
              f"{g['sample_tokens_per_s']['kv_cache']:,.0f} tokens/s with the KV cache, "
              f"{g['sample_tokens_per_s']['no_cache']:,.0f} without ({g['cache_speedup']:.1f}x).", "",
+             long_context_line(res["long_context"]), "",
              "| scale-out, same global batch | samples/s | vs 1 process, 1 thread |", "|---|---:|---:|"]
     lines += [f"| {k} | {v['samples_per_s']:,.0f} | {v['vs_1_process_1_thread']:.2f}x |"
               for k, v in res["scale_out"].items()]
@@ -163,6 +187,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=TEMPLATE / "configs" / "mnist_mlp.toml")
     parser.add_argument("--gpt-config", type=Path, default=TEMPLATE / "configs" / "shakespeare_cpu.toml")
+    parser.add_argument("--long-context-config", type=Path, default=TEMPLATE / "configs" / "shakespeare_25m.toml")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=HERE / "runs" / "bench")
     args = parser.parse_args(argv)
@@ -177,6 +202,8 @@ def main(argv=None) -> dict:
     print(f"overhead of the template's loop on the GPT ({args.repeats} rounds) ...", flush=True)
     res["gpt_overhead"] = overhead(args.gpt_config, runs, args.repeats)
     res["gpt"] = gpt_figures(args.gpt_config, runs / f"template-{args.gpt_config.stem}-{args.repeats - 1}")
+    print(f"generation at {args.long_context_config.stem}'s context ...", flush=True)
+    res["long_context"] = long_context_generation(args.long_context_config)
     print("scale-out ...", flush=True)
     res["scale_out"] = scale_out(args.config, runs)
     runlog.write_lab_results(args.out, "bench", res, markdown(res))

@@ -1269,6 +1269,22 @@ def test_the_speedrun_config_reaches_a_lower_val_loss_than_the_tuned_adamw_recip
                 loss[0] / loss[1], "<", 1.0)
 
 
+# --- the 25 M-parameter GPU config (shakespeare_25m.toml; its CUDA gates are at the end) ------------------------------
+def test_shakespeare_25m_trains_a_few_steps_on_the_cpu_to_a_finite_loss(tmp_path):
+    """The config's model, data and schedule, two steps of 2 windows in fp32 and eager (bf16 on a CPU without native
+    bf16 and torch.compile's build would take minutes: the CUDA gate runs them)."""
+    cfg = config.load(str(TEMPLATE / "configs/shakespeare_25m.toml"), sets({
+        "train.max_steps": 2, "train.batch_size": 2, "data.shakespeare.eval_windows": 2, "train.amp": False,
+        "model.compile": False, "train.log_every": 1, "train.progress": "off", "run.out_dir": str(tmp_path / "run")}))
+    params = memory.Estimator(cfg, memory.info_of(cfg), "cuda").params
+    gates.check("shakespeare_25m.toml: parameters in millions, to one decimal (its header says 25.3)",
+                round(params / 1e6, 1), "==", 25.3)
+    result = train.run(cfg)
+    losses = [r["loss"] for r in train_records(tmp_path / "run").values()] + [result["best_val_loss"]]
+    gates.check("shakespeare_25m.toml, 2 CPU steps of 2 windows: train and val losses, all finite",
+                all(math.isfinite(x) for x in losses) and len(losses) == 3, "==", True)
+
+
 # --- the engineering chapter's drills (drills_lab.py) ----------------------------------------------------------------
 def test_the_tensorboard_event_file_holds_every_logged_curve(smoke):
     curves = drills_lab.tensorboard_curves(smoke["out"])
@@ -2597,6 +2613,8 @@ def test_cuda_autocast_trains_the_shipped_config(dtype, tmp_path):
 
 CUDA_MEMORY = {"mnist_mlp": {**CUDA_MNIST, "train.max_steps": 50},  # the estimate counts an eager run
                "shakespeare_gpu": {"train.max_steps": 20, "data.shakespeare.eval_windows": 64, "train.progress": "off",
+                                   "run.device": "cuda", "model.compile": False},
+               "shakespeare_25m": {"train.max_steps": 20, "data.shakespeare.eval_windows": 64, "train.progress": "off",
                                    "run.device": "cuda", "model.compile": False}}
 
 
@@ -2631,6 +2649,22 @@ def test_cuda_shakespeare_gpu_config_trains_with_bf16_and_compile_and_reports_it
                 f"torch.compile's warm-up is in the first) against the card's dense bf16 peak "
                 f"({torch.cuda.get_device_name()}; tokens/s {rec[200]['tokens_per_s']:,.0f})", rec[200]["mfu"], ">",
                 0.01)
+
+
+@pytest.mark.gpu
+def test_cuda_shakespeare_25m_config_learns_in_250_steps_on_the_bf16_tensor_cores(tmp_path):
+    out = tmp_path / "run"
+    result = train.run(config.load(str(TEMPLATE / "configs/shakespeare_25m.toml"), sets({
+        "train.max_steps": 250, "data.shakespeare.eval_windows": 256, "train.progress": "off", "run.device": "cuda",
+        "run.out_dir": str(out)})))
+    rec = train_records(out)
+    gates.check("shakespeare_25m.toml on CUDA, bf16 + torch.compile: val loss after 250 steps (ln 256 = 5.55)",
+                result["best_val_loss"], "<", 2.4)
+    name = torch.cuda.get_device_name()
+    bf16_peak, fp32_peak = runlog.CUDA_PEAK[runlog.cuda_card(name)]
+    gates.check(f"shakespeare_25m.toml on CUDA: MFU over steps 241-250 against the card's dense bf16 peak ({name}; "
+                f"tokens/s {rec[250]['tokens_per_s']:,.0f}), above the most an fp32 run could reach (its fp32 peak "
+                f"over its bf16 one)", rec[250]["mfu"], ">", fp32_peak / bf16_peak)
 
 
 @pytest.mark.gpu

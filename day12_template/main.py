@@ -28,15 +28,15 @@ sys.path.insert(0, str(TEMPLATE))
 
 import torch
 
-from train_template import config, data, doctor, models, sample, text, train
+from train_template import config, data, doctor, memory, models, sample, text, train
 from train_template.troubleshoot.checklists import markdown_cell
 
 CONFIGS = ["synthetic_smoke", "mnist_mlp", "mnist_resnet", "fashion_mnist_resnet", "imagefolder", "shakespeare_cpu",
-           "shakespeare_gpu", "gpt2_124m"]
+           "shakespeare_gpu", "shakespeare_25m", "gpt2_124m"]
 FULL = {"synthetic_smoke", "mnist_mlp", "shakespeare_cpu"}  # trained to the end; the others are capped or not run
-NOT_ON_CPU = {"shakespeare_gpu": "a GPU config (10.7 M parameters, context 256): seconds per step on a CPU",
-              "gpt2_124m": "needs your token files (data.root) and a GPU; `python memory.py --config "
-                           "configs/gpt2_124m.toml` estimates it"}
+NOT_ON_CPU = {"shakespeare_gpu": "a GPU config (nanoGPT's baby GPT, context 256): seconds per step on a CPU",
+              "shakespeare_25m": "a GPU config (8 x 8 x 512, context 256): seconds per step on a CPU",
+              "gpt2_124m": "needs your token files (data.root) and a GPU"}
 DOCTOR = {"clean": ("all", ""), "nan_sqrt_neg": ("nan", "sqrt_neg@blocks.0.0"),  # run -> (symptom, fault put in)
           "loss_detach": ("loss", "detach@blocks.0"), "exploding_head": ("exploding", "explode@head"),
           "gpu_slow_data": ("gpu", "slow_data=0.02")}
@@ -69,7 +69,7 @@ def run_config(name: str, runs: Path, max_steps: int, digits: Path, mnist_root: 
     shutil.rmtree(runs / name, ignore_errors=True)
     row = {"config": name, "dataset": cfg.data.dataset, "model": cfg.model.name, "capped_at": max_steps or None}
     if name in NOT_ON_CPU and not torch.cuda.is_available():
-        return {**row, "skipped": NOT_ON_CPU[name]}
+        return {**row, **cuda_estimate(cfg), "skipped": NOT_ON_CPU[name]}
     t0 = time.perf_counter()
     try:
         result = train.run(cfg)
@@ -84,6 +84,14 @@ def run_config(name: str, runs: Path, max_steps: int, digits: Path, mnist_root: 
     return {**row, "params": models.count_params(models.build(cfg.model, splits.info, device="meta")), "steps": result["step"],
             "epochs_run": val["epoch"] + 1, "wall_s": time.perf_counter() - t0, "test_acc": result.get("test_acc"),
             "samples_per_s": max((r["samples_per_s"] for r in records if r["kind"] == "train"), default=None)}
+
+
+def cuda_estimate(cfg: config.Config) -> dict:
+    """What `python memory.py --config ...` says of a config this demo does not train on a CPU: its parameters and
+    its peak on a CUDA card at the config's micro-batch (fake tensors: no data trained, no memory taken)."""
+    estimate = memory.Estimator(cfg, memory.info_of(cfg), "cuda")(cfg.train.batch_size // cfg.train.grad_accum)
+    return {"params": estimate["params"], "cuda_peak_gib": estimate["peak"] / 2**30,
+            "micro_batch": estimate["micro_batch"]}
 
 
 def headline(row: dict, split: str) -> str:
@@ -104,13 +112,27 @@ def write_sample(runs: Path, name: str = "shakespeare_cpu", tokens: int = 300) -
             f"tokens/s with the KV cache):\n\n```text\n{written}\n```")
 
 
+def skipped_params(row: dict) -> str:
+    if "params" in row:
+        return f"{row['params']:,}"
+    return "—"
+
+
+def skipped_note(row: dict) -> str:
+    """Why a config was not trained, and for a GPU config memory.py's peak on a CUDA card."""
+    if "cuda_peak_gib" in row:
+        return (f"{row['skipped']}; `memory.py`: {row['cuda_peak_gib']:.2f} GiB at its micro-batch of "
+                f"{row['micro_batch']} on a CUDA card")
+    return row["skipped"]
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| config | dataset | model | parameters | optimizer steps | val | test (best.pt) | wall s |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['config']} | {r['dataset']} | {r['model']} | — | — | — | skipped: {r['skipped']} "
-                         f"| — |")
+            lines.append(f"| {r['config']} | {r['dataset']} | {r['model']} | {skipped_params(r)} | — | — | "
+                         f"skipped: {skipped_note(r)} | — |")
             continue
         epochs = f"{r['epochs_run']} epoch{'s' if r['epochs_run'] > 1 else ''}"
         steps = f"{r['steps']} ({epochs})"
