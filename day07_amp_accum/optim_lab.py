@@ -335,11 +335,5 @@ def warmup_range(lab: dict) -> str:
     return low if low == high else f"{low}–{high}"
 
 
-def linear_rule(lab: dict) -> str:
-    """Whether the linear LR-scaling rule gave the batch-128 run closest to batch 32 on every seed."""
-    closest = lab["scaling_closest"]
-    return "the linear rule matches" if all("linear" in c for c in closest) else "closest: " + " / ".join(closest)
-
-
 if __name__ == "__main__":
     run(main)

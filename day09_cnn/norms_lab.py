@@ -278,13 +278,6 @@ def norm_acc(lab: dict, norm: str, batch: int) -> float:
     return next(r["val_acc"] for r in lab["runs"] if r["norm"] == norm and r["batch_size"] == batch)
 
 
-def norms_line(lab: dict) -> str:
-    """Validation accuracy of BatchNorm / GroupNorm / LayerNorm at batch 2 and at batch 128."""
-    return "; ".join(f"batch {b}: BN/GN/LN "
-                     + "/".join(f"{100 * norm_acc(lab, n, b):.1f}" for n in ("BatchNorm", "GroupNorm", "LayerNorm"))
-                     + "%" for b in (2, 128))
-
-
 def forgotten_eval_cost(lab: dict) -> float:
     """The accuracy points a validation pass without `model.eval()` (over label-sorted batches) costs."""
     return 100 * (lab["forgotten_eval"]["clean"] - lab["forgotten_eval"]["after_sorted"])

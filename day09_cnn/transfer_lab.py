@@ -310,16 +310,6 @@ def plot(result: dict, path: Path) -> None:
     save(fig, path)
 
 
-def transfer_gains(lab: dict) -> str:
-    """Last stage + head minus scratch, test accuracy points per seed, at the fewest and at the most labels."""
-    labelled = [r["labels"] for r in lab["runs"]]
-    parts = []
-    for labels in (min(labelled), max(labelled)):
-        tuned, scratch = accuracies(lab, labels, "last stage + head"), accuracies(lab, labels, "scratch")
-        parts.append(f"{labels:,} labels " + " / ".join(f"{100 * (a - b):+.1f}" for a, b in zip(tuned, scratch)))
-    return "; ".join(parts)
-
-
 def main(argv=None) -> dict:
     cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__))
     result = run_lab(cfg)

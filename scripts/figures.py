@@ -22,9 +22,9 @@ from pathlib import Path
 from day06_ckpt_resume.overfit_lab import gap_ratios
 from day06_ckpt_resume.prove_resume import state_verdict
 from day07_amp_accum.report import by_precision
-from day07_amp_accum.optim_lab import linear_rule, warmup_range
-from day09_cnn.norms_lab import forgotten_eval_cost, norm_acc, norms_line
-from day09_cnn.transfer_lab import transfer_gains
+from day07_amp_accum.optim_lab import warmup_range
+from day09_cnn.norms_lab import forgotten_eval_cost, norm_acc
+from day09_cnn.transfer_lab import accuracies
 from day10_bigbatch_ckpt.levers_lab import lora_share
 from day10_bigbatch_ckpt.main import MODES as DAY10_MODES
 from day10_bigbatch_ckpt.report import cut, linear_ratio, matches, memtable
@@ -107,63 +107,6 @@ def link(day: int) -> str:
     return f"[`{DAYS[day]}`]({DAYS[day]}/)"
 
 
-def days_measured() -> dict[int, str]:
-    """The last column of the twelve-day table: one measured line per day."""
-    d1, d2, d3, d4, d4b = load(1, "report.json"), load(2), load(3), load(4), load(4, "bench.json")
-    d5, d6, d6o, d7, d7o = load(5, "timing.json"), load(6), load(6, "overfit.json"), load(7), load(7, "optim.json")
-    d8, d8b = load(8), load(8, "bench.json")
-    d9, d9n, d10, d11, d12b = load(9), load(9, "norms.json"), load(10), day11_stages(), load(12, "bench.json")
-    facts = d1["diagnosis"]["facts"]
-    build = f"CUDA {facts['wheel_cuda']} wheel" if facts["wheel_cuda"] else "CPU-only build"
-    driver = "driver found" if facts["nvidia_smi"] else "no driver"
-    trap = d1["lessons"]["broadcasting"]["trap_shape"]
-    hand = [op["max_abs_diff"] for op in d2["hand_vs_autograd"].values()]
-    square = d2["linear_square_float32"]["max_abs_diff"]
-    chains = d6["chains"].values()
-    sgd = d7o["clip_order"]["sgd"]
-    largest = d10["largest_batch"]["true peak"]
-    naive, optimised = d11
-    return {
-        1: f"this machine: step {d1['diagnosis']['step']} ({build}, {driver}); the trap gives `{shape(trap)}` at "
-           f"N = {trap[0]}",
-        2: f"hand vs autograd ≤ {max(hand):.1e} (float64; 0 for {hand.count(0)} of {len(hand)} ops); `(w*x+b)**2` "
-           + ("exact" if square == 0 else f"{square:.1e} off"),
-        3: f"MSE {d3['mse']:.2e}, w = {d3['w']:.4f}, b = {d3['b']:.4f}; stability limit 2/λ_max = "
-           f"{d3['lr_limit']:.3f}",
-        4: f"**{d4['test_acc']:.2%}** / {d4b['rows'][1]['main']['test_acc']:.2%}, {d4['params'] / 1000:.0f}k params, "
-           f"{d4['config']['epochs']} epochs; final accuracy at {d4b['median_ratio']['1']:.2f}× the plain reference's "
-           "time to its first pass above 98% (median)",
-        5: f"training epoch {joined((r['train_epoch_s'] for r in d5['rows']), '.1f')} s at "
-           f"{joined(r['num_workers'] for r in d5['rows'])} workers ({d5['cpu_count']} cores)",
-        6: f"{sum(len(c['kill_at']) for c in chains)} SIGKILLs (workers "
-           f"{joined((c['workers'] for c in chains), sep=' and ')}): "
-           f"{sum(c['comparison']['loss_mismatches'] for c in chains)} steps differ, {state_verdict(d6)}; overfit "
-           f"lab: early stop after epoch {d6o['early_stop']['stopped_after_epoch']}, gap ×{gap_ratios(d6o)} (Dropout "
-           "/ weight decay / augmentation)",
-        7: f"bf16 stores {by_precision(d7)['bf16']['saved_bytes'] / by_precision(d7)['off']['saved_bytes']:.2f}× the "
-           "bytes saved for backward; fp16 without loss scaling zeroes "
-           f"{d7['ranges']['zero_fraction_fp16_unscaled']:.0%} of tiny gradients; no warmup at LR 0.03: val loss "
-           f"×{warmup_range(d7o)}; clip before `unscale_`: SGD {sgd['clip, then unscale']['val_loss']:.2f} vs "
-           f"{sgd['unscale, then clip']['val_loss']:.2f}",
-        8: f"XOR loss {d8['xor_final_loss']:.4f}; MNIST {d8['mnist']['test_acc']:.2%}; scalar demo "
-           f"{d8b['scalar']['speedup']['numpy']['default']:.1f}× as fast as micrograd 0.1.0; Tensor engine step "
-           f"{d8b['tensor']['ratio']:.2f}× torch's time",
-        9: f"**{d9['resnet']['test_acc']:.2%}** with {d9['resnet']['params'] / 1000:.0f}k params vs the MLP's "
-           f"{d9['mlp']['test_acc']:.2%} with {d9['mlp']['params'] / 1000:.0f}k; at batch 2 BatchNorm gets "
-           f"{norm_acc(d9n, 'BatchNorm', 2):.0%} vs LayerNorm {norm_acc(d9n, 'LayerNorm', 2):.0%}",
-        10: f"true peak −{cut(d10, 'peak_bytes'):.1%} (saved bytes −{cut(d10, 'saved_bytes'):.0%}); largest batch in "
-            f"{d10['budget_bytes'] / 2**20:.0f} MiB {largest['fp32']} → {largest['fp32 + checkpoint']}; "
-            f"{matches(ROOT / DAYS[10] / 'results')} calculator figures; LoRA keeps "
-            f"{lora_share(load(10, 'levers.json')):.1%} of the optimizer state",
-        11: f"data/step {naive['ratio']:.0%} → {optimised['ratio']:.1%}; epoch {naive['epoch_s']:.1f} s → "
-            f"{optimised['epoch_s']:.1f} s ({naive['epoch_s'] / optimised['epoch_s']:.1f}×); test accuracy "
-            f"{naive['test_acc']:.2%} → {optimised['test_acc']:.2%}",
-        12: f"MNIST config {day12_config('mnist_mlp')['test_acc']:.2%}; the GPT "
-            f"{day12_config('shakespeare_cpu')['val_loss']:.3f} nats/char on held-out works; nanoGPT's final loss in "
-            f"{day12_nanogpt()[2]:.2f}× its time (the CPU speedrun); loop overhead "
-            f"{d12b['overhead']['wall']['overhead']:+.1%}; FSDP2 "
-            f"state per rank at 4 ranks {day12_fsdp_share(4):.3f} of DDP's",
-    }
 DAYS_PROSE = {  # the twelve-day table's folder-independent columns: deliverable, key APIs, gate
     1: ("environment report, \"why is CUDA unavailable\" diagnosis (`diagnose_cuda.py`), tensor lessons",
         "`torch.cuda`, dtype/device/shape, broadcasting, `view`/`reshape`/`permute`/`contiguous`",
@@ -216,128 +159,174 @@ DAYS_PROSE = {  # the twelve-day table's folder-independent columns: deliverable
 
 
 def days_table() -> str:
-    """README.md: the twelve-day table."""
-    measured = days_measured()
-    return markdown_table(["day", "folder", "deliverable", "key APIs", "gate", "measured"],
-                          [[day, link(day), *DAYS_PROSE[day], measured[day]] for day in DAYS_PROSE])
+    """README.md: the twelve-day table (what each day measures is in `results_table`)."""
+    return markdown_table(["day", "folder", "deliverable", "key APIs", "gate"],
+                          [[day, link(day), *DAYS_PROSE[day]] for day in DAYS_PROSE])
+
+
+def measured_rows() -> list[tuple[int, str, str, str]]:
+    """README.md's "Measured results" (and REPORT.md's): (day, the command that writes it, what it measures, the
+    figure), one figure a row (or one per seed or setting, in the order the row names them)."""
+    d1, d2, d3, d4 = load(1, "report.json"), load(2), load(3), load(4)
+    d4b, d4i = load(4, "bench.json"), load(4, "init_lab.json")
+    d5, d6, d6o, d7, d7a, d7o = (load(5, "timing.json"), load(6), load(6, "overfit.json"), load(7),
+                                 load(7, "avx2/summary.json"), load(7, "optim.json"))
+    d8, d8b, d9, d9n, d9t = load(8), load(8, "bench.json"), load(9), load(9, "norms.json"), load(9, "transfer.json")
+    d10, d10l, d11c, (naive, optimised) = load(10), load(10, "levers.json"), load(11, "compile.json"), day11_stages()
+    d12n, d12m, d12d, d12b, d12mo, d12t = (load(12, f"{name}.json") for name in ("nanogpt", "muon", "drills", "bench",
+                                                                                "modern", "tokenizers"))
+    facts, trap = d1["diagnosis"]["facts"], d1["lessons"]["broadcasting"]["trap_shape"]
+    build = f"CUDA {facts['wheel_cuda']} wheel" if facts["wheel_cuda"] else "CPU-only build"
+    hand = [op["max_abs_diff"] for op in d2["hand_vs_autograd"].values()]
+    relu, chains = d4i["stds"]["relu"], d6["chains"].values()
+    base, early, clip = d6o["curves"]["no regularisation"], d6o["early_stop"], d7o["clip_order"]
+    speedup, resnet, first_step = d8b["scalar"]["speedup"]["numpy"], d9["resnet"], d11c["compile"]["first_step_s"]
+    largest, nano_runs, muon = d10["largest_batch"]["true peak"], d12n["runs"], d12m["seeds"]
+    labels = sorted({r["labels"] for r in d9t["runs"]})
+    modern_val = {name: losses.values() for name, losses in d12mo["val_loss"].items()}
+    speed, time_ratio, speedrun_ratio = day12_nanogpt()
+    day1, day2, day3 = "day01_env_and_tensors/main.py", "day02_autograd/main.py", "day03_linreg/main.py"
+    day4, init_lab, day5 = "day04_mlp_mnist/main.py", "day04_mlp_mnist/init_lab.py", "day05_dataloader/main.py"
+    resume, overfit = "day06_ckpt_resume/prove_resume.py", "day06_ckpt_resume/overfit_lab.py"
+    day7, optim_lab = "day07_amp_accum/main.py", "day07_amp_accum/optim_lab.py"
+    day8, day9 = "day08_mini_autograd/bench.py", "day09_cnn/main.py"
+    norms, day10, levers = "day09_cnn/norms_lab.py", "day10_bigbatch_ckpt/main.py", "day10_bigbatch_ckpt/levers_lab.py"
+    day11, compile_lab, day12 = "day11_profile/main.py", "day11_profile/compile_lab.py", "day12_template/main.py"
+    nanogpt, muon_lab, bench = ("day12_template/nanogpt_bench.py", "day12_template/muon_lab.py",
+                                "day12_template/bench.py")
+    modern = "day12_template/modern_lab.py"
+    return [
+        (1, day1, "this machine's CUDA diagnosis: the step it stops at",
+         f"{d1['diagnosis']['step']} ({build})"),
+        (1, day1, "an NVIDIA driver found (`nvidia-smi`)", yes_no(facts["nvidia_smi"])),
+        (1, day1, f"the broadcasting trap, `(N,)` against `(N,1)` at N = {trap[0]}: the shape it gives",
+         f"`{shape(trap)}`"),
+        (2, day2, f"hand-derived gradients against autograd ({len(hand)} ops, float64): the largest difference",
+         f"{max(hand):.1e}"),
+        (2, day2, "... ops with no difference at all", f"{hand.count(0)} of {len(hand)}"),
+        (2, day2, "`(w*x+b)**2` in float32: the hand gradient minus `w.grad`",
+         f"{d2['linear_square_float32']['max_abs_diff']:.1e}"),
+        (3, day3, "MSE after training", f"{d3['mse']:.2e}"),
+        (3, day3, "w / b (the data's: 3 / 2)", f"{d3['w']:.4f} / {d3['b']:.4f}"),
+        (3, day3, "the stability limit 2/λ_max", f"{d3['lr_limit']:.3f}"),
+        (4, day4, f"MLP test accuracy after {d4['config']['epochs']} epochs, seed 0 (G0: > 98%)",
+         f"{d4['test_acc']:.2%}"),
+        (4, "day04_mlp_mnist/bench.py", "the same, seed 1", f"{d4b['rows'][1]['main']['test_acc']:.2%}"),
+        (4, "day04_mlp_mnist/bench.py", f"the main job's time to a final accuracy over a plain reference MLP's time "
+         f"to its first pass above 98%, seeds {joined(d4b['config']['seeds'])}",
+         joined((r["ratios"]["1"] for r in d4b["rows"]), ".2f") + "×"),
+        (4, init_lab, "He + ReLU: std at layer 30 / at layer 1", f"{relu['He'][-1]:.3g} / {relu['He'][0]:.3g}"),
+        (4, init_lab, "too small an init: std at layer 30 over layer 1's",
+         f"{relu['too small'][-1] / relu['too small'][0]:.1e}"),
+        (4, init_lab, "dead units after Adam at LR 3e-2: ReLU / GELU / SiLU",
+         joined((d4i["dead"][i]["dead"] for i in (1, 2, 3)), ".1%")),
+        (5, day5, f"one augmented training epoch on {d5['cpu_count']} cores, "
+         f"{joined(r['num_workers'] for r in d5['rows'])} workers (s)",
+         joined((r["train_epoch_s"] for r in d5["rows"]), ".1f")),
+        (5, day5, "the same epoch, data only (s)", joined((r["data_epoch_s"] for r in d5["rows"]), ".1f")),
+        (6, resume, f"SIGKILLs ({joined((c['workers'] for c in chains), sep=' and ')} workers); resumed steps whose "
+         "loss differs (`float.hex`)", f"{sum(len(c['kill_at']) for c in chains)}; "
+         f"{sum(c['comparison']['loss_mismatches'] for c in chains)}"),
+        (6, resume, "final-state entries that differ from the uninterrupted run's",
+         f"{sum(len(c['comparison']['state_diffs']) for c in chains)}"),
+        (6, overfit, f"{d6o['config']['subset']} images, no regularisation: training accuracy",
+         f"{base['train_acc'][-1]:.0%}"),
+        (6, overfit, f"... lowest val loss (its epoch) / at epoch {d6o['config']['epochs']}",
+         f"{min(base['val_loss']):.3f} ({base['best_epoch']}) / {base['val_loss'][-1]:.3f}"),
+        (6, overfit, "early stopping: stopped after epoch", f"{early['stopped_after_epoch']}"),
+        (6, overfit, "gap with Dropout / weight decay / augmentation, of the unregularised gap", gap_ratios(d6o)),
+        (7, day7, "one step, fp32 / fp16 / bf16 (ms)", joined((r["step_ms"] for r in d7["table"]), ".2f")),
+        (7, day7, "... the same capped at AVX2 (ms)", joined((r["step_ms"] for r in d7a["table"]), ".2f")),
+        (7, day7, "bytes saved for backward, fp32 / fp16 / bf16 (KiB)",
+         joined((r["saved_bytes"] / 1024 for r in d7["table"]), ".0f")),
+        (7, day7, "tiny gradients fp16 zeroes without loss scaling",
+         f"{d7['ranges']['zero_fraction_fp16_unscaled']:.0%}"),
+        (7, optim_lab, "no warmup at LR 0.03: val loss over the warmed-up run's, lowest–highest seed",
+         warmup_range(d7o)),
+        (7, optim_lab, "clipping before `unscale_`, then after: SGD's val loss",
+         f"{clip['sgd']['clip, then unscale']['val_loss']:.2f} / {clip['sgd']['unscale, then clip']['val_loss']:.2f}"),
+        (7, optim_lab, "... AdamW's", f"{clip['adamw']['clip, then unscale']['val_loss']:.3f} / "
+         f"{clip['adamw']['unscale, then clip']['val_loss']:.3f}"),
+        (7, optim_lab, "batch ×4: the LR closest to batch 32's curve, per seed", joined(d7o["scaling_closest"])),
+        (8, "day08_mini_autograd/main.py", "XOR loss / MNIST test accuracy of the tensor engine",
+         f"{d8['xor_final_loss']:.4f} / {d8['mnist']['test_acc']:.2%}"),
+        (8, day8, "scalar engine against micrograd 0.1.0 on its demo (speed-up; with the collector paused)",
+         f"{speedup['default']:.1f}×; {speedup['paused']:.1f}×"),
+        (8, day8, "tensor engine step / torch's (ms)", f"{d8b['tensor']['engine_ms']:.2f} / "
+         f"{d8b['tensor']['torch_ms']:.2f}"),
+        (9, day9, f"ResNet test accuracy ({resnet['params']:,} params, {resnet['epochs']} epochs, "
+         f"{resnet['config']['schedule']} LR {resnet['config']['lr']} chosen on validation)",
+         f"{resnet['test_acc']:.2%}"),
+        (9, day9, f"the Day 4 MLP's ({d9['mlp']['params']:,} params)", f"{d9['mlp']['test_acc']:.2%}"),
+        *[(9, norms, f"val accuracy at batch {b}: BatchNorm / GroupNorm / LayerNorm (%)",
+           joined((100 * norm_acc(d9n, n, b) for n in ("BatchNorm", "GroupNorm", "LayerNorm")), ".1f"))
+          for b in (2, 128)],
+        (9, norms, "a forgotten `eval()`: accuracy points lost", f"{forgotten_eval_cost(d9n):.1f}"),
+        *[(9, "day09_cnn/transfer_lab.py", f"{n:,} labels: last stage + head minus scratch, test accuracy points "
+           "per seed", joined((100 * (a - b) for a, b in zip(accuracies(d9t, n, "last stage + head"),
+                                                             accuracies(d9t, n, "scratch"))), "+.1f"))
+          for n in (labels[0], labels[-1])],
+        (10, day10, "saved bytes at twice the batch: the ratio farthest from 2", f"{linear_ratio(d10):.3f}"),
+        (10, day10, "checkpointing: saved bytes / true peak cut by", f"{cut(d10, 'saved_bytes'):.0%} / "
+         f"{cut(d10, 'peak_bytes'):.1%}"),
+        (10, day10, "... step time over fp32's",
+         f"{d10['step_seconds']['fp32 + checkpoint'] / d10['step_seconds']['fp32']:.2f}×"),
+        (10, day10, f"largest batch in {d10['budget_bytes'] / 2**20:.0f} MiB: fp32 / with checkpointing",
+         f"{largest['fp32']} / {largest['fp32 + checkpoint']}"),
+        (10, "day10_bigbatch_ckpt/memcalc.py examples", "the curriculum's worked examples the calculator reproduces",
+         matches(ROOT / DAYS[10] / "results")),
+        (10, levers, f"LoRA r={d10l['config']['rank']}: parameters trained, of all",
+         f"{d10l['lora']['trainable']:,} of {d10l['full']['trainable']:,}"),
+        (10, levers, "... share of the optimizer state kept", f"{lora_share(d10l):.1%}"),
+        (10, levers, "torchao's AdamW8bit state / AdamW's (bytes)", f"{d10l['adamw8bit']['state_bytes']:,} / "
+         f"{d10l['full']['state_bytes']:,}"),
+        (11, day11, "data/step, naive → optimised", f"{naive['ratio']:.0%} → {optimised['ratio']:.1%}"),
+        (11, day11, "epoch (s), naive → optimised", f"{naive['epoch_s']:.1f} → {optimised['epoch_s']:.1f}"),
+        (11, day11, "test accuracy, naive → optimised", f"{naive['test_acc']:.2%} → {optimised['test_acc']:.2%}"),
+        (11, compile_lab, "first compiled step, cold / from the cache (s)",
+         f"{first_step['compiled, cold']:.1f} / {first_step['compiled, warm']:.2f}"),
+        (11, compile_lab, "a compiled step's time over an eager one's", f"{compiled_ratio(d11c):.2f}"),
+        (12, day12, f"MNIST + MLP config: test accuracy after {day12_config('mnist_mlp')['epochs_run']} epochs",
+         f"{day12_config('mnist_mlp')['test_acc']:.2%}"),
+        (12, day12, "the GPT (`shakespeare_cpu.toml`): val loss on held-out works (nats per character)",
+         f"{day12_config('shakespeare_cpu')['val_loss']:.3f}"),
+        (12, nanogpt, "against nanoGPT's `train.py`, same files and model: tokens/s over nanoGPT's", f"{speed:.2f}"),
+        (12, nanogpt, "val loss at 2,000 steps, the template / nanoGPT",
+         f"{nano_runs['template']['val_loss_by_step']['2000']:.3f} / "
+         f"{nano_runs['nanogpt']['val_loss_by_step']['2000']:.3f}"),
+        (12, nanogpt, "time to nanoGPT's final loss over nanoGPT's: tuned recipe / `shakespeare_speedrun.toml`",
+         f"{time_ratio:.2f} / {speedrun_ratio:.2f}"),
+        (12, muon_lab, "test loss after 240 steps, Muon, seeds 0 / 1",
+         joined((s["muon_at_steps"] for s in muon), ".3f")),
+        (12, muon_lab, "... AdamW", joined((s["adamw_at_steps"] for s in muon), ".3f")),
+        (12, muon_lab, "... Muon at AdamW's time", joined((s["muon_at_time"] for s in muon), ".3f")),
+        (12, modern, f"val loss after {d12mo['steps']:,} steps, {d12mo['chosen']}, seeds 0 / 1",
+         joined(modern_val[d12mo["chosen"]], ".3f")),
+        (12, modern, "... the GPT-2 block", joined(next(iter(modern_val.values())), ".3f")),
+        (12, "day12_template/tokenizer_lab.py", f"val bits per byte after {d12t['steps']:,} steps, "
+         f"{' / '.join(d12t['rows'])}, mean of seeds 0 and 1",
+         joined((statistics.mean(row["val_bpb"].values()) for row in d12t["rows"].values()), ".3f")),
+        (12, "day12_template/drills_lab.py", f"lr {d12d['high_lr']['lr']:g}: val loss after "
+         f"{d12d['high_lr']['steps_done']} steps / at the config's lr", f"{d12d['high_lr']['val_loss']:.3f} / "
+         f"{d12d['high_lr']['config_lr_val_loss']:.3f}"),
+        (12, "day12_template/drills_lab.py", "`run.deterministic`: CPU time of a step over off's",
+         f"{d12d['same_seed']['cost_cpu_ratio']:.2f}"),
+        (12, "day12_template/drills_lab.py", "a resume without the optimizer state: the largest val loss gap over the "
+         "next 50 steps (nats)", f"{d12d['resume']['resumed-model-only']['max_gap']:+.3f}"),
+        (12, bench, "template loop overhead against a bare loop, wall clock / CPU time",
+         f"{d12b['overhead']['wall']['overhead']:+.1%} / {d12b['overhead']['cpu']['overhead']:+.1%}"),
+        (12, bench, "DDP on 2 ranks, samples/s over one process's",
+         f"{d12b['scale_out']['DDP: 2 ranks x 1 thread']['vs_1_process_1_thread']:.2f}"),
+        (12, "day12_template/zero_lab.py", "FSDP2's parameter + gradient + AdamW bytes per rank at 4 ranks, over DDP's",
+         f"{day12_fsdp_share(4):.3f}"),
+    ]
 
 
 def results_table() -> str:
-    """README.md's "Measured results" (and REPORT.md's): one row per benchmark command."""
-    d4, d4b, d4i, d5 = load(4), load(4, "bench.json"), load(4, "init_lab.json"), load(5, "timing.json")
-    d6, d6o, d7, d7a = load(6), load(6, "overfit.json"), load(7), load(7, "avx2/summary.json")
-    d7o, d8b, d9, d9n = load(7, "optim.json"), load(8, "bench.json"), load(9), load(9, "norms.json")
-    d10, d10l = load(10), load(10, "levers.json")
-    d11c, (naive, optimised) = load(11, "compile.json"), day11_stages()
-    d12n, d12m, d12d, d12b, d12mo, d12t = (load(12, f"{name}.json") for name in ("nanogpt", "muon", "drills", "bench",
-                                                                                "modern", "tokenizers"))
-    relu = d4i["stds"]["relu"]
-    workers = joined(r["num_workers"] for r in d5["rows"])
-    chains = d6["chains"].values()
-    base, early = d6o["curves"]["no regularisation"], d6o["early_stop"]
-    clip = d7o["clip_order"]
-    speedup = d8b["scalar"]["speedup"]["numpy"]
-    resnet = d9["resnet"]
-    first_step = d11c["compile"]["first_step_s"]
-    nanogpt_runs = d12n["runs"]
-    muon = d12m["seeds"]
-    modern_val = {name: losses.values() for name, losses in d12mo["val_loss"].items()}
-    speed, time_ratio, speedrun_ratio = day12_nanogpt()
-    rows = [
-        ["MLP test accuracy (G0 gate > 98%)", "`python day04_mlp_mnist/main.py`",
-         f"{d4['test_acc']:.2%} after {d4['config']['epochs']} epochs (seed 0), test set evaluated once"],
-        ["main job vs a plain reference MLP, both timed from launch", "`python day04_mlp_mnist/bench.py`",
-         f"{joined((r['ratios']['1'] for r in d4b['rows']), '.2f', '× / ')}× the reference's time to its first pass "
-         f"above 98% (seeds {joined(d4b['config']['seeds'])})"],
-        ["initialisation and activations", "`python day04_mlp_mnist/init_lab.py`",
-         f"He + ReLU: layer 30 at {relu['He'][-1]:.3g} vs layer 1's {relu['He'][0]:.3g} std (too small an init: "
-         f"×{relu['too small'][-1] / relu['too small'][0]:.1e}); dead ReLU units after Adam at LR 3e-2: "
-         f"{d4i['dead'][1]['dead']:.1%} (GELU {d4i['dead'][2]['dead']:.1%}, SiLU {d4i['dead'][3]['dead']:.1%}); "
-         f"SwiGLU with hidden 8d/3 has {d4i['ffn'][0]['swiglu_8d_3']:,} parameters at d = {d4i['ffn'][0]['d']}, "
-         "like the 4d GELU MLP"],
-        ["worker scaling, one augmented epoch", "`python day05_dataloader/main.py`",
-         f"{workers} workers: {joined((r['train_epoch_s'] for r in d5['rows']), '.1f')} s training, "
-         f"{joined((r['data_epoch_s'] for r in d5['rows']), '.1f')} s data only"],
-        ["exact resume after SIGKILL", "`python day06_ckpt_resume/prove_resume.py`",
-         f"{joined((len(c['kill_at']) for c in chains), sep=' + ')} kills "
-         f"({joined((c['workers'] for c in chains), sep=' and ')} workers), "
-         f"{sum(c['comparison']['loss_mismatches'] for c in chains)} steps differ (`float.hex`), {state_verdict(d6)}"],
-        ["overfitting, early stopping, `best.pt`", "`python day06_ckpt_resume/overfit_lab.py`",
-         f"{d6o['config']['subset']} images: {base['train_acc'][-1]:.0%} train accuracy, val loss "
-         f"{min(base['val_loss']):.3f} (epoch {base['best_epoch']}) → {base['val_loss'][-1]:.3f} (epoch "
-         f"{d6o['config']['epochs']}); early stop after epoch {early['stopped_after_epoch']}; gap "
-         f"×{gap_ratios(d6o)} (Dropout / weight decay / augmentation)"],
-        ["fp32 / fp16 / bf16: one step, bytes saved for backward", "`python day07_amp_accum/main.py`",
-         f"{joined((r['step_ms'] for r in d7['table']), '.2f')} ms; "
-         f"{joined((r['saved_bytes'] / 1024 for r in d7['table']), '.0f')} KiB; capped at AVX2: "
-         f"{joined((r['step_ms'] for r in d7a['table']), '.2f')} ms"],
-        ["warmup, clipping order, LR scaling", "`python day07_amp_accum/optim_lab.py`",
-         f"no warmup at LR 0.03: val loss ×{warmup_range(d7o)}; clip before `unscale_`: SGD "
-         f"{clip['sgd']['clip, then unscale']['val_loss']:.2f} vs {clip['sgd']['unscale, then clip']['val_loss']:.2f}, "
-         f"AdamW {clip['adamw']['clip, then unscale']['val_loss']:.3f} vs "
-         f"{clip['adamw']['unscale, then clip']['val_loss']:.3f}; batch ×4: {linear_rule(d7o)}"],
-        ["mini-autograd: scalar engine vs micrograd 0.1.0, Tensor engine vs torch",
-         "`python day08_mini_autograd/bench.py`",
-         f"{speedup['default']:.1f}× as fast as micrograd on its own demo ({speedup['paused']:.1f}× with the "
-         f"collector paused in both); Tensor engine step {d8b['tensor']['engine_ms']:.2f} ms vs torch "
-         f"{d8b['tensor']['torch_ms']:.2f} ms"],
-        ["ResNet vs MLP", "`python day09_cnn/main.py`",
-         f"{resnet['test_acc']:.2%} ({resnet['params']:,} params, {resnet['epochs']} epochs, "
-         f"{resnet['config']['schedule']} LR {resnet['config']['lr']} chosen on {resnet['n_val']:,} validation "
-         f"images) vs {d9['mlp']['test_acc']:.2%} ({d9['mlp']['params']:,} params)"],
-        ["normalisation at batch 2 and 128, forgotten `eval()`", "`python day09_cnn/norms_lab.py`",
-         f"{norms_line(d9n)}; forgotten `eval()` costs {forgotten_eval_cost(d9n):.1f} points"],
-        ["transfer learning: MNIST ResNet → Fashion-MNIST", "`python day09_cnn/transfer_lab.py`",
-         f"last stage + head vs scratch, test accuracy points per seed: {transfer_gains(load(9, 'transfer.json'))}"],
-        ["activation memory, checkpointing", "`python day10_bigbatch_ckpt/main.py`",
-         f"linear in batch (ratio {linear_ratio(d10):.3f}); checkpointing −{cut(d10, 'saved_bytes'):.0%} saved bytes, "
-         f"−{cut(d10, 'peak_bytes'):.1%} true peak, "
-         f"×{d10['step_seconds']['fp32 + checkpoint'] / d10['step_seconds']['fp32']:.2f} step time"],
-        ["freezing, LoRA from scratch", "`python day10_bigbatch_ckpt/levers_lab.py`",
-         f"LoRA r={d10l['config']['rank']} trains {d10l['lora']['trainable']:,} of {d10l['full']['trainable']:,} "
-         f"parameters ({lora_share(d10l):.1%} of the optimizer state); merged weights match the adapter to "
-         f"{d10l['merged_max_diff']:.1e}; torchao's AdamW8bit holds {d10l['adamw8bit']['state_bytes']:,} bytes of "
-         f"state to AdamW's {d10l['full']['state_bytes']:,}"],
-        ["profile → fix → re-measure", "`python day11_profile/main.py`",
-         f"data/step {naive['ratio']:.0%} → {optimised['ratio']:.1%}; epoch {naive['epoch_s']:.1f} s → "
-         f"{optimised['epoch_s']:.1f} s ({naive['epoch_s'] / optimised['epoch_s']:.1f}×) at "
-         f"{optimised['test_acc']:.2%} vs {naive['test_acc']:.2%} test accuracy"],
-        ["`torch.compile` on a CPU", "`python day11_profile/compile_lab.py`",
-         f"first compiled step {first_step['compiled, cold']:.1f} s (from the cache "
-         f"{first_step['compiled, warm']:.2f} s), then {compiled_ratio(d11c):.2f}× the eager step time"],
-        ["the template on every shipped config", "`python day12_template/main.py`",
-         f"MNIST + MLP {day12_config('mnist_mlp')['test_acc']:.2%} test accuracy after "
-         f"{day12_config('mnist_mlp')['epochs_run']} epochs; the other configs capped at "
-         f"{max(row['capped_at'] or 0 for row in load(12))} steps"],
-        ["the template's GPT against nanoGPT's `train.py`", "`python day12_template/nanogpt_bench.py`",
-         f"same files and model: tokens/s {speed:.2f}× nanoGPT's; val loss "
-         f"{nanogpt_runs['template']['val_loss_by_step']['2000']:.3f} vs "
-         f"{nanogpt_runs['nanogpt']['val_loss_by_step']['2000']:.3f} at 2,000 steps; nanoGPT's final loss in "
-         f"{time_ratio:.2f}× its time (tuned recipe), {speedrun_ratio:.2f}× (`shakespeare_speedrun.toml`)"],
-        ["Muon against AdamW on the GPT", "`python day12_template/muon_lab.py`",
-         f"test loss after 240 steps {joined((s['muon_at_steps'] for s in muon), '.3f')} vs AdamW's "
-         f"{joined((s['adamw_at_steps'] for s in muon), '.3f')} (seeds 0 / 1); at equal time "
-         f"{joined((s['muon_at_time'] for s in muon), '.3f')} vs {joined((s['adamw_at_time'] for s in muon), '.3f')}"],
-        ["a modern block on the CPU recipe (`shakespeare_modern.toml`)", "`python day12_template/modern_lab.py`",
-         f"val loss after {d12mo['steps']:,} steps: {d12mo['chosen']} {joined(modern_val[d12mo['chosen']], '.3f')} "
-         f"vs the GPT-2 block's {joined(next(iter(modern_val.values())), '.3f')} (seeds 0 / 1)"],
-        ["characters against BPE on the GPT", "`python day12_template/tokenizer_lab.py`",
-         f"val bits per byte after {d12t['steps']:,} steps, mean of seeds 0 and 1: " + ", ".join(
-             f"{name} {statistics.mean(row['val_bpb'].values()):.3f}" for name, row in d12t["rows"].items())],
-        ["the engineering chapter's drills on the GPT", "`python day12_template/drills_lab.py`",
-         f"lr {d12d['high_lr']['lr']:g}: val loss {d12d['high_lr']['val_loss']:.3f} after "
-         f"{d12d['high_lr']['steps_done']} steps (the config's lr: {d12d['high_lr']['config_lr_val_loss']:.3f}); "
-         f"`run.deterministic`: CPU time of a step {d12d['same_seed']['cost_cpu_ratio']:.2f}× off's; a resume without "
-         f"the optimizer state: up to {d12d['resume']['resumed-model-only']['max_gap']:+.3f} nats over the next 50 "
-         "steps"],
-        ["template loop overhead, DDP scaling", "`python day12_template/bench.py`",
-         f"overhead against a bare loop {d12b['overhead']['wall']['overhead']:+.1%} (wall), "
-         f"{d12b['overhead']['cpu']['overhead']:+.1%} (CPU time); DDP 2 ranks "
-         f"{d12b['scale_out']['DDP: 2 ranks x 1 thread']['vs_1_process_1_thread']:.2f}× one process"],
-        ["every gate", "`pytest`, or `python scripts/report.py`",
-         "each gate's measured figure against its threshold, PASS/FAIL (`REPORT.md`)"],
-    ]
-    return markdown_table(["result", "command", "measured"], rows)
+    """README.md's "Measured results" (and REPORT.md's)."""
+    return markdown_table(["day", "command", "measures", "figure"],
+                          [[day, f"`python {command}`", what, figure]
+                           for day, command, what, figure in measured_rows()])
 
 
 def cpu_bf16_table() -> str:
