@@ -119,10 +119,9 @@ def generation_speed(model: torch.nn.Module, tokenizer) -> dict:
 
 
 def long_context_generation(cfg_path: Path) -> dict:
-    """generation_speed on a config's GPT as initialised (seed 0), in fp32 and eager, as sample.py runs it."""
+    """generation_speed on a config's GPT as initialised (from run.seed), in fp32 and eager, as sample.py runs it."""
     cfg = config.load(str(cfg_path), [])
-    torch.manual_seed(0)
-    model = models.build(cfg.model, data.build(cfg.data, cfg.run.seed).info).eval()
+    model = models.build(cfg.model, data.build(cfg.data, cfg.run.seed).info, cfg.run.seed).eval()
     return {"config": cfg_path.name, "block_size": cfg.model.gpt.block_size,
             "params": models.count_params(model),
             **generation_speed(model, text.tokenizer(cfg.data.dataset, cfg.data.root))}

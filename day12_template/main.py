@@ -89,7 +89,7 @@ def run_config(name: str, runs: Path, max_steps: int, digits: Path, mnist_root: 
 def cuda_estimate(cfg: config.Config) -> dict:
     """What `python memory.py --config ...` says of a config this demo does not train on a CPU: its parameters and
     its peak on a CUDA card at the config's micro-batch (fake tensors: no data trained, no memory taken)."""
-    estimate = memory.Estimator(cfg, memory.info_of(cfg), "cuda")(cfg.train.batch_size // cfg.train.grad_accum)
+    estimate = memory.estimate(cfg, memory.info_of(cfg), device="cuda")
     return {"params": estimate["params"], "cuda_peak_gib": estimate["peak"] / 2**30,
             "micro_batch": estimate["micro_batch"]}
 

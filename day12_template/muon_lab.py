@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE))  # lab_training.py, however this file is loaded
 
 import torch
 
-from lab_training import mean_loss, spread, start, train_lm
+from lab_training import bf16_matmul_is_faster, mean_loss, spread, start, train_lm
 from train_template import config, models, optimizers, runlog, tasks
 
 CONFIG = TEMPLATE / "configs" / "shakespeare_cpu.toml"
@@ -63,11 +63,8 @@ def lab_optimizers(model, cfg: config.Config, name: str, lr: float, adamw_lr: fl
 
 @functools.cache
 def newton_schulz_dtype() -> torch.dtype:
-    """bf16 (torch's choice) where this CPU multiplies bf16 matrices faster than fp32 ones (runlog.peak_flops, ~1 s
-    for both), else fp32."""
-    cpu = torch.device("cpu")
-    bf16, fp32 = (runlog.peak_flops(cpu, dtype)[0] for dtype in (torch.bfloat16, torch.float32))
-    return torch.bfloat16 if bf16 > fp32 else torch.float32
+    """bf16 (torch's choice) where this CPU multiplies bf16 matrices faster than fp32 ones, else fp32."""
+    return torch.bfloat16 if bf16_matmul_is_faster() else torch.float32
 
 
 def muon_class() -> type[torch.optim.Muon]:

@@ -506,11 +506,9 @@ BF16_RUN = {"speedrun, bf16 autocast": ("shakespeare_speedrun.toml", ["train.amp
 
 def template_runs() -> dict:
     """TEMPLATE_RUNS, and BF16_RUN where this CPU's bf16 matmul peak beats its fp32 one."""
-    from train_template import runlog
+    from lab_training import bf16_matmul_is_faster
 
-    cpu = torch.device("cpu")
-    bf16, fp32 = (runlog.peak_flops(cpu, dtype)[0] for dtype in (torch.bfloat16, torch.float32))
-    if bf16 > fp32:
+    if bf16_matmul_is_faster():
         return {**TEMPLATE_RUNS, **BF16_RUN}
     return TEMPLATE_RUNS
 
