@@ -6,11 +6,10 @@ hand-derived gradients of six ops against autograd, leaf vs non-leaf and retain_
 accumulation and zero_(), the freed graph and retain_graph, and a custom autograd.Function checked by gradcheck
 (`custom_function.py`).
 
-Run:    python day02_autograd/main.py     (writes runs/day02_autograd/summary.json)
+Run:    python day02_autograd/main.py     (writes runs/day02_autograd/summary.json and its table, summary.md)
 Gates:  python day02_autograd/check.py
 """
 import dataclasses
-import json
 import sys
 import warnings
 from dataclasses import dataclass
@@ -23,7 +22,8 @@ import torch
 
 from day01_env_and_tensors.main import Error, error_of, shares_storage, show
 from day02_autograd.custom_function import CustomFunction, check_custom_function
-from sprint import runs_dir
+from day02_autograd.report import lessons_table
+from sprint import runs_dir, write_results
 from sprint.cli import arg, parse, run, validate
 
 
@@ -269,9 +269,8 @@ def main(argv=None) -> Lessons:
     lessons = all_lessons(cfg.trials, cfg.seed)
     for field in dataclasses.fields(lessons):
         show(field.name.replace("_", " "), getattr(lessons, field.name))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(dataclasses.asdict(lessons), indent=2) + "\n")
-    print(f"\nwrote {out / 'summary.json'}")
+    summary = dataclasses.asdict(lessons)
+    write_results(out, "summary", lessons_table(summary), summary)
     return lessons
 
 

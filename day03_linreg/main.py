@@ -5,10 +5,9 @@ out, and the SGD update and the gradient reset are done by hand — exactly what
 `optimizer.zero_grad()` hide. A learning rate above the stability limit 2 / λ_max(Hessian) makes the loss grow
 every step; the loop notices and stops with a message instead of returning NaN weights.
 
-Run:    python day03_linreg/main.py        (writes runs/day03_linreg/: fit.png, summary.json)
+Run:    python day03_linreg/main.py        (writes runs/day03_linreg/: fit.png, summary.json and its table)
 Gates:  python day03_linreg/check.py
 """
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -18,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root: `spri
 
 import torch
 
-from sprint import runs_dir
+from day03_linreg.report import fit_table
+from sprint import runs_dir, write_results
 from sprint.cli import UserError, arg, parse, run, validate
 from sprint.plots import save, subplots
 
@@ -118,8 +118,8 @@ def main(argv=None) -> Fit:
     out.mkdir(parents=True, exist_ok=True)
     plot(result, out / "fit.png")
     summary = {k: getattr(result, k) for k in ("w", "b", "mse", "w_lstsq", "b_lstsq", "lr_limit")}
-    (out / "summary.json").write_text(json.dumps({**summary, "steps": cfg.steps, "lr": cfg.lr}, indent=2) + "\n")
-    print(f"wrote {out / 'fit.png'} and summary.json")
+    summary |= {"steps": cfg.steps, "lr": cfg.lr}
+    write_results(out, "summary", fit_table(summary), summary)
     return result
 
 

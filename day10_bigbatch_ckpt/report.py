@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 from day10_bigbatch_ckpt import memcalc, memcalc_examples
-from day10_bigbatch_ckpt.main import MODES
 from sprint.plots import save, subplots
 
 MiB = 2**20
@@ -120,11 +119,11 @@ def matches(results: Path) -> str:
 
 
 def memtable(results: Path, scenario: str, column: str = "total") -> str:
-    """`memory_table_12gb.md`: the cell of `column` in the row whose scenario starts with `scenario`."""
+    """`memory_table_12gb.md`: the cell of `column` in the row whose scenario starts with `scenario`, in GB."""
     lines = [line.strip("|").split("|") for line in (results / "memory_table_12gb.md").read_text().splitlines()
              if line.startswith("|")]
     header = [cell.strip() for cell in lines[0]]
     rows = [[cell.strip().strip("*") for cell in line] for line in lines[2:] if line[0].strip().startswith(scenario)]
     if len(rows) != 1:
         raise ValueError(f"memory_table_12gb.md: {len(rows)} rows start with {scenario!r}")
-    return rows[0][header.index(column)]
+    return rows[0][header.index(column)].removesuffix(" GB") + " GB"

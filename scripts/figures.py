@@ -12,6 +12,8 @@ An included results report has its relative links rewritten to work from the REA
 (`results/*.md`) beside its figures; `python scripts/report.py --readme` re-makes every block from the committed
 results files, and tests/test_report.py fails when a README block differs from what its results files make.
 """
+import ast
+import math
 import os
 import re
 import statistics
@@ -399,7 +401,7 @@ def interview_evidence() -> dict[int, list[tuple[str, str, str]]]:
              joined((r["state_bytes"] / 1024 for r in d7["table"]), ".0f")),
             (day7, "bytes saved for backward, the same (KiB)",
              joined((r["saved_bytes"] / 1024 for r in d7["table"]), ".0f")),
-            (memcalc, "full fine-tune of 1.5B parameters: weights, gradients and AdamW state alone (GB)",
+            (memcalc, "full fine-tune of 1.5B parameters: weights, gradients and AdamW state alone",
              memtable(table12, "full fine-tune 1.5B", "weights+grads+optim"))],
         3: [(norms, f"validation accuracy, BN / GN / LN, batch {b} (%)",
              joined((100 * norm_acc(d9n, n, b) for n in ("BatchNorm", "GroupNorm", "LayerNorm")), ".1f"))
@@ -431,9 +433,14 @@ def interview_evidence() -> dict[int, list[tuple[str, str, str]]]:
              f"{saves['saved_bytes_with_grad']:,}; {saves['saved_bytes_under_no_grad']}"),
             ("python day02_autograd/main.py", "`w * w.detach()`: max difference of `w.grad` from w",
              f"{saves['grad_of_w_times_detached_w_minus_w']}")],
-        9: [(memcalc, f"{label}: total", memtable(table12, row)) for row, label in (
-            ("full fine-tune 1.5B", "full fine-tune 1.5B, b=2"), ("LoRA 1.5B (9M", "LoRA 1.5B (9M trainable), b=2"),
-            ("LoRA 1.5B, b=8", "the same with checkpointing, b=8"), ("QLoRA 7B", "QLoRA 7B"))] + [
+        9: [(memcalc, f"{label}: {column}", memtable(table12, row, column)) for row, label, column in (
+            ("full fine-tune 1.5B", "full fine-tune 1.5B", "weights+grads+optim"),
+            ("full fine-tune 1.5B", "full fine-tune 1.5B, b=2", "total"),
+            *[("LoRA 1.5B (9M", "LoRA 1.5B (9M trainable), b=2", column) for column in (
+                "weights+grads+optim", "activations raw", "x1.3", "logits", "total")],
+            ("LoRA 1.5B, b=8", "the same with checkpointing, b=8", "x1.3"),
+            ("LoRA 1.5B, b=8", "the same with checkpointing, b=8", "total"),
+            ("QLoRA 7B", "QLoRA 7B", "weights+grads+optim"), ("QLoRA 7B", "QLoRA 7B", "total"))] + [
             ("python day10_bigbatch_ckpt/levers_lab.py", f"LoRA r={d10l['config']['rank']} on a tiny GPT: share of the "
              "optimizer state kept", f"{lora_share(d10l):.1%}")],
         10: [("python day03_linreg/main.py", "the stability limit 2/λ_max (above it the run stops with one line, not "
@@ -586,3 +593,67 @@ def write_all() -> list[Path]:
             md.write_text(new)
             changed.append(md)
     return changed
+
+
+# --- typed figures --------------------------------------------------------------------------------------------------
+
+UNITS = {"%": (1, 0.01), "points": (1, 0.01), "ms": (1, 1e-3), "s": (1,), "seconds": (1,),
+         "min": (60,), "minutes": (60,), "×": (1,), "x": (1,),
+         "tokens/s": (1,), "samples/s": (1,), "KiB": (1, 2**10), "MiB": (1, 2**20), "GiB": (1, 2**30),
+         "KB": (1, 1e3), "MB": (1, 1e6), "GB": (1, 1e9), "M": (1, 1e6), "B": (1, 1e9)}  # unit: the scales a gate uses
+NUMBER = r"\d(?:[\d,]*\d)?(?:\.\d+)?(?:e[-+]?\d+)?"
+THRESHOLD = r"(?P<threshold>(?:[<>≥≤±]|at least|at most|within|under|below|above|over|past|than|up to|exit|code) ?)?"
+UNIT = rf"(?P<unit>{'|'.join(sorted(map(re.escape, UNITS), key=len, reverse=True))})"
+IN_PROSE = re.compile(rf"(?<![\w.×/^–-]){THRESHOLD}(?:(?P<value>{NUMBER}) ?{UNIT}|× ?(?P<factor>{NUMBER}))(?![\w×–-])")
+IN_TABLE = re.compile(rf"(?<![\w.×/^–-]){THRESHOLD}(?:× ?(?P<factor>{NUMBER})|(?P<value>{NUMBER})(?: ?{UNIT})?)(?![\w×–-])")
+
+
+def prose_lines(text: str):
+    """(line number, line) of the hand-written prose, code blocks' comments included: generated blocks, code and
+    headings left out, `code` spans, link targets and "quotations" blanked."""
+    in_block = fenced = False
+    for number, line in enumerate(text.split("\n"), 1):
+        if BEGIN.match(line) or line == END:
+            in_block = line != END
+        elif line.startswith("```"):
+            fenced = not fenced
+        elif fenced and (comment := re.search(r"\s# (.*)", line)) or not (in_block or fenced or line.startswith("#")):
+            yield number, re.sub(r'`[^`]*`|\]\([^)]*\)|"[^"]*"', "", comment[1] if fenced else line)
+
+
+def stated_figures(checks: list[Path]) -> tuple[set[tuple[float, str]], set[float]]:
+    """The thresholds the `check.py` files state: the figures in their strings (gate names, messages: value and
+    unit), and the numbers they compare with or hand to `gates.check`."""
+    figures, numbers = set(), set()
+    for path in checks:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                figures |= {(value, unit) for value, unit, *_ in typed(node.value, IN_TABLE)}
+            elif isinstance(node, ast.Compare) or isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "check":
+                operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else node.args[3:]
+                numbers |= {c.value for operand in operands for c in ast.walk(operand)
+                            if isinstance(c, ast.Constant) and type(c.value) in (int, float)}
+    return figures, numbers
+
+
+def typed(line: str, pattern: re.Pattern):
+    """(value, unit, text, whether a threshold word precedes it) of each figure in `line`."""
+    for m in pattern.finditer(line):
+        unit = "×" if m["factor"] or m["unit"] == "x" else m["unit"] or ""
+        yield float((m["value"] or m["factor"]).replace(",", "")), unit, m[0].strip(), bool(m["threshold"])
+
+
+def typed_figures(md: Path, text: str | None = None) -> list[str]:
+    """`FILE:LINE: figure` for each number with a unit typed in `md`'s prose, and each number in a table typed by
+    hand, that is neither a threshold (after `>`, `within`, ..., or a range's end) nor one its day's `check.py` states
+    (any day's, for the root files): a measured figure belongs in a generated table."""
+    checks = [md.parent / "check.py"] if md.parent != ROOT else sorted(ROOT.glob("day*/check.py"))
+    figures, numbers = stated_figures([path for path in checks if path.is_file()])
+    found = []
+    for number, line in prose_lines(md.read_text() if text is None else text):
+        for value, unit, figure, threshold in typed(line, IN_TABLE if line.startswith("|") else IN_PROSE):
+            scales = UNITS.get(unit, (1,))
+            if not threshold and (value, unit) not in figures and not any(
+                    math.isclose(value * scale, n) for scale in scales for n in numbers):
+                found.append(f"{shown(md)}:{number}: {figure}")
+    return found

@@ -57,6 +57,29 @@ def test_a_hand_edited_figure_is_found():
     assert figures.render(edited, readme) != edited
 
 
+def test_no_readme_types_a_measured_figure_outside_its_generated_blocks():
+    """Prose states the claim and the threshold; the figure lives in a table a command writes."""
+    assert [figure for md in figures.files() for figure in figures.typed_figures(md)] == []
+
+
+def test_figures_typed_by_hand_are_found_and_thresholds_are_not():
+    """Lines the audit of c8c7b33 found drifted, put back into Day 12's README: a measured figure in prose or in a
+    hand-typed table is found; a threshold, a figure inside a generated block, code or a quotation is not."""
+    md = ROOT / "day12_template" / "README.md"
+    typed = [
+        "| `mnist_mlp.toml`: test accuracy of `best.pt` on the 10,000 test images | **98.36%** (> 98%) |",
+        "| torchrun DDP, 2 ranks × 32 vs 1 process × 64: max \\|loss diff\\| | 2.4e-7, 1.2e-7 |",
+        "tracking client is `mlflow-skinny` (pinned in the repo's lock; ~100 MB with its dependencies)",
+        "python train.py --config configs/shakespeare_cpu.toml   # nanoGPT's CPU recipe, ~2 minutes on 2 cores",
+    ]
+    untyped = ["a val loss below 2.4 after 250 steps, `max_memory_allocated` within 15% of the estimate",
+               "the curriculum's \"≈ 5–6 GB\" and `--budget-mib 32`", "<!-- include: results/x.md -->",
+               "| 98.36% |", "<!-- end generated -->"]
+    found = figures.typed_figures(md, "\n".join(typed + untyped))
+    assert [line.split(":", 1)[1] for line in found] == [
+        "1: 98.36%", "2: 2.4e-7", "2: 1.2e-7", "3: 100 MB", "4: 2 minutes"]
+
+
 def test_a_changed_results_table_is_found(tmp_path):
     """A rerun that measures another figure rewrites its table, and the README that includes it is then stale."""
     day, results = ROOT / "day07_amp_accum", tmp_path / "results"
