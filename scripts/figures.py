@@ -105,67 +105,6 @@ def day12_fsdp_share(ranks: int) -> float:
     return state["fsdp", ranks] / state["ddp", ranks]
 
 
-def link(day: int) -> str:
-    return f"[`{DAYS[day]}`]({DAYS[day]}/)"
-
-
-DAYS_PROSE = {  # the twelve-day table's folder-independent columns: deliverable, key APIs, gate
-    1: ("environment report, \"why is CUDA unavailable\" diagnosis (`diagnose_cuda.py`), tensor lessons",
-        "`torch.cuda`, dtype/device/shape, broadcasting, `view`/`reshape`/`permute`/`contiguous`",
-        "`(N,)` vs `(N,1)` trap reproduced and caught; view/reshape/permute storage facts; diagnosis names the "
-        "right step, checked against an independent driver probe"),
-    2: ("six hand-derived gradients vs autograd, graph lifetime, a custom `autograd.Function`",
-        "`backward`, `.grad`, `retain_graph`, `detach`, `no_grad`, `gradcheck`",
-        "hand gradient of `(w*x+b)**2` equals `w.grad` exactly; gradcheck passes the right backward and rejects the "
-        "wrong one"),
-    3: ("linear regression with hand-written MSE, SGD and zero-grad",
-        "`requires_grad`, `torch.no_grad`, `grad.zero_()`",
-        "MSE < 1e-4, \\|w−3\\| and \\|b−2\\| < 0.01, agrees with least squares; a too-large lr stops with one line"),
-    4: ("an MLP on MNIST, recipe tuned on validation; init/activation lab",
-        "`nn.Module`, `CrossEntropyLoss`, `AdamW`, `train()`/`eval()`",
-        "test accuracy > 98.0% (G0) on seeds 0 and 1, test set evaluated once"),
-    5: ("a `Dataset`, augmentation in workers, worker-scaling table",
-        "`Dataset`, `DataLoader`, `collate_fn`, transforms v2",
-        "each sample once per epoch, seeded augmentations, padding collate, timing table"),
-    6: ("validation, atomic checkpoints, exact resume, overfitting measured",
-        "`state_dict`, `os.replace`, RNG state, `SummaryWriter`, early stopping",
-        "SIGKILL + resume is bitwise equal to an uninterrupted run; a kill between `last.pt` and `best.pt`, a full "
-        "disk and changed flags are handled"),
-    7: ("mixed precision, gradient accumulation, schedules and clipping",
-        "`autocast`, `GradScaler`, `clip_grad_norm_`, warmup + cosine",
-        "accumulation = big batch; scaler skips inf steps; fp16 overflow/underflow; warmup, clipping order and LR "
-        "scaling measured"),
-    8: ("a scalar and a NumPy tensor autograd engine",
-        "topological sort, chain rule, gradient accumulation",
-        "gradients match `torch.autograd` element-wise (rtol 1e-9, atol 1e-12), also after `backward()` twice; XOR "
-        "and MNIST (≥ 97%) train"),
-    9: ("a small ResNet vs the Day 4 MLP; normalisation lab",
-        "`Conv2d`, `BatchNorm2d`, residuals, `load_state_dict(strict=False)`",
-        "ResNet ≥ 99.0% with the schedule chosen on validation; beats the MLP with fewer or comparable parameters"),
-    10: ("activation memory and true peak vs batch, checkpointing, bf16; memory calculator; freezing/LoRA lab",
-        "`torch.utils.checkpoint`, `saved_tensors_hooks`, `TorchDispatchMode` peak counter, `max_memory_allocated`",
-        "linear in batch; checkpointing cuts the true peak 60–80%; every calculator worked example from the CLI"),
-    11: ("find and fix the bottleneck one change at a time, at equal accuracy; `torch.compile`",
-        "`torch.profiler`, `record_function`, data/step timing, `torch.compile`",
-        "≥ 3× faster per epoch within 0.2 points of the naive accuracy"),
-    12: ("the reusable training template (`template/`, the package `train_template`): the loop + "
-        "task/config/data/models/checkpoint/distributed modules; image classifiers and a GPT (KV-cache sampling), "
-        f"{len(list((ROOT / DAYS[12] / 'template' / 'configs').glob('*.toml')))} configs",
-        "TOML dataclass config + `--set`, `torchrun` DDP / FSDP2 (`fully_shard`, `MixedPrecisionPolicy`), atomic "
-        "and sharded (`torch.distributed.checkpoint`) checkpoints, `GradScaler`, `scaled_dot_product_attention`, "
-        "`torch.profiler`, `torch.optim.Muon`",
-        "MNIST config > 98%; SIGKILL/SIGTERM + resume bitwise for both tasks; DDP 2×B = 1×2B; FSDP2 = DDP; a killed "
-        "worker restarted by torchrun (2 nodes on loopback) bitwise; no orphan after `kill -9` on torchrun; one "
-        "writer per run folder; bad config → exit 2, nothing written"),
-}
-
-
-def days_table() -> str:
-    """README.md: the twelve-day table (what each day measures is in `results_table`)."""
-    return markdown_table(["day", "folder", "deliverable", "key APIs", "gate"],
-                          [[day, link(day), *DAYS_PROSE[day]] for day in DAYS_PROSE])
-
-
 def measured_rows() -> list[tuple[int, str, str, str]]:
     """README.md's "Measured results" (and REPORT.md's): (day, the command that writes it, what it measures, the
     figure), one figure a row (or one per seed or setting, in the order the row names them)."""
@@ -487,7 +426,7 @@ def interview(n: int) -> str:
                           [[f"`{command}`", what, figure] for command, what, figure in interview_evidence()[n]])
 
 
-BLOCKS = {"days": days_table, "results": results_table, "machines": machine_line, "cpu-bf16": cpu_bf16_table,
+BLOCKS = {"results": results_table, "machines": machine_line, "cpu-bf16": cpu_bf16_table,
           "day10-timings": day10_timings_table,
           **{f"interview-{n}": partial(interview, n) for n in range(1, 15)}}
 
