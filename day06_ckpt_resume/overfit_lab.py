@@ -162,11 +162,5 @@ def main(argv=None) -> Lab:
     return result
 
 
-def gap_ratios(overfit: dict) -> str:
-    """Each regularised run's gap (val - train loss) over the unregularised one's (the first curve)."""
-    gaps = [c["gap"] for c in overfit["curves"].values()]
-    return " / ".join(f"{g / gaps[0]:.2f}" for g in gaps[1:])
-
-
 if __name__ == "__main__":
     run(main)

@@ -281,12 +281,6 @@ def prove(cfg: Config, kill_at: dict[int, list[int]], out: Path, runs: Path) -> 
     return Proof(runs / "uninterrupted", chains, opt, summary)
 
 
-def state_verdict(summary: dict) -> str:
-    """Whether the resumed runs' final state equals the uninterrupted run's, entry by entry (`state_diffs`)."""
-    diffs = sum(len(c["comparison"]["state_diffs"]) for c in summary["chains"].values())
-    return "final state bit-identical" if diffs == 0 else f"{diffs} final-state entries differ"
-
-
 def main(argv=None) -> Proof:
     cfg, out = parse(ProofConfig, argv, __doc__, out=runs_dir(__file__, "prove"))
     total = cfg.epochs * steps_per_epoch(cfg)

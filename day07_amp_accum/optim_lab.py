@@ -326,14 +326,5 @@ def main(argv=None) -> Lab:
     return lab
 
 
-def warmup_range(lab: dict) -> str:
-    """The val loss without warmup over the one with it, per seed: the lowest and the highest ratio (one figure when
-    they round alike)."""
-    without, with_ = lab["warmup"].values()
-    ratios = sorted(a["val_loss"] / b["val_loss"] for a, b in zip(without, with_))
-    low, high = f"{ratios[0]:.2f}", f"{ratios[-1]:.2f}"
-    return low if low == high else f"{low}–{high}"
-
-
 if __name__ == "__main__":
     run(main)

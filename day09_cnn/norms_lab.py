@@ -273,15 +273,5 @@ def main(argv=None) -> dict:
     return result
 
 
-def norm_acc(lab: dict, norm: str, batch: int) -> float:
-    """The validation accuracy of `norm` trained at batch size `batch`."""
-    return next(r["val_acc"] for r in lab["runs"] if r["norm"] == norm and r["batch_size"] == batch)
-
-
-def forgotten_eval_cost(lab: dict) -> float:
-    """The accuracy points a validation pass without `model.eval()` (over label-sorted batches) costs."""
-    return 100 * (lab["forgotten_eval"]["clean"] - lab["forgotten_eval"]["after_sorted"])
-
-
 if __name__ == "__main__":
     run(main)

@@ -1,5 +1,5 @@
 """Day 9's report: the comparison table, the generated "10-line conclusion", the plot, the state_dict notes
-and the README's residual-connection figures (`results/readme_residual.md`).
+and the residual connection's gradient table (`results/residual.md`).
 
 Every sentence of the conclusion is chosen by the measured figures, so it stays true when the ResNet wins, loses or
 ties (a shorter run, another seed, another machine).

@@ -248,11 +248,6 @@ LABELS = {"full": "full fine-tuning", "frozen": "frozen embeddings + blocks 1-3 
           "adamw8bit": "full fine-tuning, torchao AdamW8bit"}
 
 
-def lora_share(levers: dict) -> float:
-    """The share of full fine-tuning's optimizer state that LoRA keeps (`levers.json`)."""
-    return levers["lora"]["state_bytes"] / levers["full"]["state_bytes"]
-
-
 def main(argv=None) -> dict:
     cfg, out = parse(Config, argv, __doc__, out=runs_dir(__file__, "levers"))
     result = run_lab(cfg)

@@ -212,11 +212,5 @@ def main(argv=None) -> dict:
     return result
 
 
-def compiled_ratio(lab: dict) -> float:
-    """A compiled step's time over an eager one's, once compiled (`compile.json`)."""
-    steady = lab["compile"]["steady_step_s"]
-    return steady["compiled"] / steady["eager"]
-
-
 if __name__ == "__main__":
     run(main)

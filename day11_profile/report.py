@@ -1,5 +1,5 @@
 """Day 11's report: the profiler's tables read back, the generated conclusion, the Markdown report and the chart,
-built from `main.run_study()`'s figures, and the README's first line of results (`results/readme_intro.md`)."""
+built from `main.run_study()`'s figures."""
 import gzip
 import json
 import statistics

@@ -21,16 +21,10 @@ import textwrap
 from functools import partial
 from pathlib import Path
 
-from day06_ckpt_resume.overfit_lab import gap_ratios
-from day06_ckpt_resume.prove_resume import state_verdict
 from day07_amp_accum.report import by_precision
-from day07_amp_accum.optim_lab import warmup_range
-from day09_cnn.norms_lab import forgotten_eval_cost, norm_acc
 from day09_cnn.transfer_lab import accuracies
-from day10_bigbatch_ckpt.levers_lab import lora_share
 from day10_bigbatch_ckpt.main import MODES as DAY10_MODES
 from day10_bigbatch_ckpt.report import cut, linear_ratio, matches, memtable
-from day11_profile.compile_lab import compiled_ratio
 from sprint import markdown_table, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +73,48 @@ def day11_stages() -> tuple[dict, dict]:
     """Day 11's naive and optimised stages."""
     stages = load(11)["stages"]
     return stages[0], stages[-1]
+
+
+def state_verdict(summary: dict) -> str:
+    """Whether the resumed runs' final state equals the uninterrupted run's, entry by entry (`state_diffs`)."""
+    diffs = sum(len(c["comparison"]["state_diffs"]) for c in summary["chains"].values())
+    return "final state bit-identical" if diffs == 0 else f"{diffs} final-state entries differ"
+
+
+def gap_ratios(overfit: dict) -> str:
+    """Each regularised run's gap (val - train loss) over the unregularised one's (the first curve)."""
+    gaps = [c["gap"] for c in overfit["curves"].values()]
+    return " / ".join(f"{g / gaps[0]:.2f}" for g in gaps[1:])
+
+
+def warmup_range(lab: dict) -> str:
+    """The val loss without warmup over the one with it, per seed: the lowest and the highest ratio (one figure when
+    they round alike)."""
+    without, with_ = lab["warmup"].values()
+    ratios = sorted(a["val_loss"] / b["val_loss"] for a, b in zip(without, with_))
+    low, high = f"{ratios[0]:.2f}", f"{ratios[-1]:.2f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def norm_acc(lab: dict, norm: str, batch: int) -> float:
+    """The validation accuracy of `norm` trained at batch size `batch`."""
+    return next(r["val_acc"] for r in lab["runs"] if r["norm"] == norm and r["batch_size"] == batch)
+
+
+def forgotten_eval_cost(lab: dict) -> float:
+    """The accuracy points a validation pass without `model.eval()` (over label-sorted batches) costs."""
+    return 100 * (lab["forgotten_eval"]["clean"] - lab["forgotten_eval"]["after_sorted"])
+
+
+def lora_share(levers: dict) -> float:
+    """The share of full fine-tuning's optimizer state that LoRA keeps (`levers.json`)."""
+    return levers["lora"]["state_bytes"] / levers["full"]["state_bytes"]
+
+
+def compiled_ratio(lab: dict) -> float:
+    """A compiled step's time over an eager one's, once compiled (`compile.json`)."""
+    steady = lab["compile"]["steady_step_s"]
+    return steady["compiled"] / steady["eager"]
 
 
 def day12_config(name: str) -> dict:
