@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train_template import config, memory, models, optimizers, tasks
+from train_template import config, data, memory, models, optimizers, tasks
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -58,6 +58,16 @@ def test_a_cuda_estimate_keeps_no_attention_matrix_and_one_byte_dropout_masks(co
                  for device in ("cuda", "cpu"))
     assert cuda[0] - cuda[1] == masks + 16 * gpt.n_layer, cuda
     assert cpu[0] - cpu[1] > 10 * masks, cpu
+
+
+def test_a_cuda_estimate_runs_layernorm_in_fp32_under_autocast_as_cuda_does():
+    """CUDA's autocast runs LayerNorm in fp32, the CPU's in the input's bf16: after a bf16 Linear, each hidden block's
+    LayerNorm saves an fp32 copy of its input and hands GELU an fp32 output to save (2 + 2 more bytes per element),
+    and keeps its mean and 1/std in fp32 (2 + 2 more bytes per sample)."""
+    cfg = load("mnist_mlp.toml", "train.amp=true", "model.mlp.dropout=0.0", "model.mlp.depth=2")
+    info, batch, width = data.ImageInfo(channels=1, size=28, num_classes=10), 8, cfg.model.mlp.hidden
+    cuda, cpu = (memory.activations(cfg, info, batch, device)[0] for device in ("cuda", "cpu"))
+    assert cuda - cpu == cfg.model.mlp.depth * batch * (4 * width + 4)
 
 
 # Measured on torch 2.14 (estimate / CPU step peak): 0.936 at batch 1 (AdamW's step peaks; the CPU's single-tensor

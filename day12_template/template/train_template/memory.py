@@ -22,9 +22,9 @@ much, in the activations), and for a GPT `activations_formula`, the curriculum's
 n_layer x s·b·h·(34 + 5·a·s/h) for 2-byte activations, doubled when training in fp32 (no autocast).
 The model is built on the meta device and run on fake tensors (FakeTensorMode): the shapes, dtypes and kernel choices
 of a CPU forward without data or arithmetic, so GPT-2 takes a fraction of a second. For a CUDA estimate (the default)
-attention and dropout save what CUDA's kernels save (`CudaKernels`: the CPU's attention with dropout would keep
-T x T matrices that CUDA's fused kernels do not); the autocast dtypes are the CPU's. A model whose shapes depend on
-its data's values cannot run on fake tensors.
+attention, dropout and autocast save what CUDA's kernels save (`CudaKernels`: the CPU's attention with dropout would
+keep T x T matrices that CUDA's fused kernels do not, and CUDA's autocast runs norms and reductions in fp32 where the
+CPU's keeps bf16). A model whose shapes depend on its data's values cannot run on fake tensors.
 Not counted: the CUDA context, cuBLAS/cuDNN workspaces (fixed, tens of MB: `cuda_library_bytes()` measures them),
 allocator rounding and fragmentation; `--cards` allows CONTEXT_GIB for them. With activation checkpointing only what is
 kept is counted.
@@ -103,12 +103,30 @@ class LiveBytes(TorchDispatchMode):
             self.live -= nbytes
 
 
+# The functions that CUDA's autocast runs in fp32 and the CPU's leaves in the input's dtype (torch's autocast op
+# reference, "CUDA Ops that can autocast to float32"): the norms a model calls and the reductions a hand-written one
+# calls. Softmax and log_softmax inside cross_entropy already run in fp32 under both.
+CUDA_AUTOCAST_FP32 = {F.layer_norm, F.rms_norm, F.group_norm, F.softmax, F.log_softmax, torch.softmax,
+                      torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax, torch.pow, torch.Tensor.pow,
+                      torch.Tensor.__pow__, torch.rsqrt, torch.Tensor.rsqrt, torch.exp, torch.Tensor.exp, torch.log,
+                      torch.Tensor.log, torch.sum, torch.Tensor.sum, torch.cumsum, torch.Tensor.cumsum, torch.norm,
+                      torch.Tensor.norm, torch.linalg.vector_norm, F.normalize}
+
+
+def to_fp32(value):
+    """A half-precision floating tensor as fp32 (as CUDA's autocast casts it); anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
+        return value.float()
+    return value
+
+
 class CudaKernels(TorchFunctionMode):
-    """Attention and dropout saved as CUDA's kernels save them, on the CPU. CUDA's fused attention (flash or
+    """Attention, dropout and autocast saved as CUDA's kernels save them, on the CPU. CUDA's fused attention (flash or
     memory-efficient) draws its dropout inside the kernel from a seed and an offset (two int64 it saves) and keeps no
     T x T matrix; the CPU's flash kernel at dropout 0 saves the same tensors (q, k, v, the output and its logsumexp),
     while the CPU's attention with dropout takes the math path, which keeps the attention weights and their mask.
-    CUDA's dropout keeps a 1-byte mask (native_dropout), the CPU's one in the activation dtype."""
+    CUDA's dropout keeps a 1-byte mask (native_dropout), the CPU's one in the activation dtype. Under autocast, CUDA
+    runs CUDA_AUTOCAST_FP32 in fp32 (a LayerNorm after a bf16 Linear saves fp32 input and output), the CPU does not."""
 
     def __init__(self):
         super().__init__()
@@ -116,6 +134,10 @@ class CudaKernels(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in CUDA_AUTOCAST_FP32 and torch.is_autocast_enabled("cpu"):
+            args, kwargs = [to_fp32(a) for a in args], {k: to_fp32(v) for k, v in kwargs.items()}
+            with torch.autocast("cpu", enabled=False):
+                return func(*args, **kwargs)
         if func is F.scaled_dot_product_attention and kwargs.get("dropout_p", 0.0) > 0:
             self.fused_dropouts += 1
             return func(*args, **{**kwargs, "dropout_p": 0.0})
@@ -173,14 +195,15 @@ def activations(cfg: config.Config, info, batch: int, device: str = "cpu") -> tu
     return sum(saved), saved, logits.numel() * 4
 
 
-def evaluation(cfg: config.Config, info, batch: int) -> int:
+def evaluation(cfg: config.Config, info, batch: int, device: str = "cpu") -> int:
     """The peak bytes an evaluation forward and loss at `batch` holds at once (LiveBytes), on fake tensors as
     `activations` runs them, in eval mode under no_grad."""
     model = models.build(cfg.model, info, device="meta").eval()
+    kernels = CudaKernels() if device == "cuda" else contextlib.nullcontext()
     with FakeTensorMode():
         tensors = fake_tensors(model)
         x, y = sample_batch(info, batch)
-        with torch.no_grad(), models.autocast(cfg.train, "cpu")(), LiveBytes() as counter:
+        with torch.no_grad(), models.autocast(cfg.train, "cpu")(), kernels, LiveBytes() as counter:
             tasks.for_dataset(cfg.data.dataset, info).loss(torch.func.functional_call(model, tensors, (x,)), y)
     return counter.peak
 
@@ -219,7 +242,7 @@ class Estimator:
         self.largest_param = max(p.numel() for p in model.parameters()) * 4
         self.sample_bytes = sum(t.nbytes for t in sample_batch(info, 1))
         self.at_1, self.at_2 = activations(cfg, info, 1, device), activations(cfg, info, 2, device)
-        self.eval_1, self.eval_2 = evaluation(cfg, info, 1), evaluation(cfg, info, 2)
+        self.eval_1, self.eval_2 = evaluation(cfg, info, 1, device), evaluation(cfg, info, 2, device)
 
     def __call__(self, micro: int) -> dict:
         # each measured figure is a line in the batch: through its values at 1 and 2
