@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from day04_mlp_mnist.main import MLP
 from day06_ckpt_resume.checkpoint import refuse_existing_run
 from day06_ckpt_resume.main import Config, Trainer
 from day07_amp_accum.report import plot_table, training_table, write_table
@@ -55,6 +56,7 @@ class AmpConfig(Config):
     warmup_steps: int = arg(20, "steps of linear warmup before the cosine decay", ge=0)
     threads: int = arg(1, "torch threads (one per process is the fast setting on a shared 2-core machine)", ge=0,
                       le=256)
+    norm: bool = arg(True, "LayerNorm after the first layer (CUDA's autocast runs it in fp32, the CPU's does not)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -88,6 +90,9 @@ class AmpTrainer(Trainer):
         self.amp_dtype = AMP_DTYPES[cfg.amp]
         # bf16 has fp32's exponent range, so only fp16 needs loss scaling; disabled, the scaler is a no-op.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.amp == "fp16")
+
+    def build_model(self) -> nn.Module:
+        return MLP(784, self.cfg.hidden, 10, self.cfg.dropout, norm=self.cfg.norm)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         self.model.train()
