@@ -415,7 +415,8 @@ def cuda_peak_ratio(norm: bool) -> float:
 @pytest.mark.gpu
 def test_cuda_bf16_lowers_the_peak_of_an_mlp_without_layernorm():
     """The lesson's claim where it holds on CUDA: every saved activation of a Linear-GELU-Linear MLP is 2 bytes under
-    bf16 autocast, 4 in fp32; the fp32 weights, gradients and AdamW state (the same in both) keep the ratio above 1/2."""
+    bf16 autocast, 4 in fp32; the fp32 weights, gradients and AdamW state (the same in both) keep the ratio above
+    one half."""
     gates.check("CUDA max_memory_allocated in a step, bf16 / fp32, no LayerNorm", cuda_peak_ratio(False), "<", 0.9)
 
 

@@ -572,43 +572,54 @@ def write_all() -> list[Path]:
 
 # --- typed figures --------------------------------------------------------------------------------------------------
 
+# a unit and the scales by which a gate may state its figure (98% as 98 or 0.98, 12 ms as 12 or 0.012)
 UNITS = {"%": (1, 0.01), "points": (1, 0.01), "ms": (1, 1e-3), "s": (1,), "seconds": (1,),
          "min": (60,), "minutes": (60,), "×": (1,), "x": (1,),
          "tokens/s": (1,), "samples/s": (1,), "KiB": (1, 2**10), "MiB": (1, 2**20), "GiB": (1, 2**30),
-         "KB": (1, 1e3), "MB": (1, 1e6), "GB": (1, 1e9), "M": (1, 1e6), "B": (1, 1e9)}  # unit: the scales a gate uses
+         "KB": (1, 1e3), "MB": (1, 1e6), "GB": (1, 1e9), "M": (1, 1e6), "B": (1, 1e9)}
 NUMBER = r"\d(?:[\d,]*\d)?(?:\.\d+)?(?:e[-+]?\d+)?"
 THRESHOLD = r"(?P<threshold>(?:[<>≥≤±]|at least|at most|within|under|below|above|over|past|than|up to|exit|code) ?)?"
 UNIT = rf"(?P<unit>{'|'.join(sorted(map(re.escape, UNITS), key=len, reverse=True))})"
-IN_PROSE = re.compile(rf"(?<![\w.×/^–-]){THRESHOLD}(?:(?P<value>{NUMBER}) ?{UNIT}|× ?(?P<factor>{NUMBER}))(?![\w×–-])")
-IN_TABLE = re.compile(rf"(?<![\w.×/^–-]){THRESHOLD}(?:× ?(?P<factor>{NUMBER})|(?P<value>{NUMBER})(?: ?{UNIT})?)(?![\w×–-])")
+ALONE_BEFORE, ALONE_AFTER = r"(?<![\w.×/^–-])", r"(?![\w×–-])"  # not a part of a word, a name or a range
+IN_PROSE = re.compile(  # a number with its unit, or a factor (×2)
+    rf"{ALONE_BEFORE}{THRESHOLD}(?:(?P<value>{NUMBER}) ?{UNIT}|× ?(?P<factor>{NUMBER})){ALONE_AFTER}")
+IN_TABLE = re.compile(  # any number, with or without its unit
+    rf"{ALONE_BEFORE}{THRESHOLD}(?:× ?(?P<factor>{NUMBER})|(?P<value>{NUMBER})(?: ?{UNIT})?){ALONE_AFTER}")
+UNTYPED = re.compile(r'`[^`]*`|\]\([^)]*\)|"[^"]*"')  # code spans, link targets, "quotations"
 
 
 def prose_lines(text: str):
-    """(line number, line) of the hand-written prose, code blocks' comments included: generated blocks, code and
-    headings left out, `code` spans, link targets and "quotations" blanked."""
+    """(line number, text) of each hand-written line, and of each comment in a code block; generated blocks, code and
+    headings are left out, code spans, link targets and quotations blanked."""
     in_block = fenced = False
     for number, line in enumerate(text.split("\n"), 1):
         if BEGIN.match(line) or line == END:
             in_block = line != END
         elif line.startswith("```"):
             fenced = not fenced
-        elif fenced and (comment := re.search(r"\s# (.*)", line)) or not (in_block or fenced or line.startswith("#")):
-            yield number, re.sub(r'`[^`]*`|\]\([^)]*\)|"[^"]*"', "", comment[1] if fenced else line)
+        elif fenced:
+            if comment := re.search(r"\s# (.*)", line):
+                yield number, UNTYPED.sub("", comment[1])
+        elif not in_block and not line.startswith("#"):
+            yield number, UNTYPED.sub("", line)
 
 
 def stated_figures(checks: list[Path]) -> tuple[set[tuple[float, str]], set[float]]:
     """The thresholds the `check.py` files state: the figures in their strings (gate names, messages: value and
     unit), and the numbers they compare with or hand to `gates.check`."""
-    figures, numbers = set(), set()
+    worded, numbers = set(), set()
     for path in checks:
         for node in ast.walk(ast.parse(path.read_text())):
+            operands = []
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                figures |= {(value, unit) for value, unit, *_ in typed(node.value, IN_TABLE)}
-            elif isinstance(node, ast.Compare) or isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "check":
-                operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else node.args[3:]
-                numbers |= {c.value for operand in operands for c in ast.walk(operand)
-                            if isinstance(c, ast.Constant) and type(c.value) in (int, float)}
-    return figures, numbers
+                worded |= {(value, unit) for value, unit, *_ in typed(node.value, IN_TABLE)}
+            elif isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "check":
+                operands = node.args[3:]  # gates.check(name, measured, op, threshold)
+            numbers |= {c.value for operand in operands for c in ast.walk(operand)
+                        if isinstance(c, ast.Constant) and type(c.value) in (int, float)}
+    return worded, numbers
 
 
 def typed(line: str, pattern: re.Pattern):
@@ -623,12 +634,12 @@ def typed_figures(md: Path, text: str | None = None) -> list[str]:
     hand, that is neither a threshold (after `>`, `within`, ..., or a range's end) nor one its day's `check.py` states
     (any day's, for the root files): a measured figure belongs in a generated table."""
     checks = [md.parent / "check.py"] if md.parent != ROOT else sorted(ROOT.glob("day*/check.py"))
-    figures, numbers = stated_figures([path for path in checks if path.is_file()])
+    worded, numbers = stated_figures([path for path in checks if path.is_file()])
     found = []
     for number, line in prose_lines(md.read_text() if text is None else text):
         for value, unit, figure, threshold in typed(line, IN_TABLE if line.startswith("|") else IN_PROSE):
-            scales = UNITS.get(unit, (1,))
-            if not threshold and (value, unit) not in figures and not any(
-                    math.isclose(value * scale, n) for scale in scales for n in numbers):
+            stated = (value, unit) in worded or any(math.isclose(value * scale, n)
+                                                    for scale in UNITS.get(unit, (1,)) for n in numbers)
+            if not threshold and not stated:
                 found.append(f"{shown(md)}:{number}: {figure}")
     return found
