@@ -398,33 +398,38 @@ def test_decaying_every_parameter_pulls_the_layernorm_gains_down(decay):
                 "no-decay group", a["all_gain_mean"] / a["group_gain_mean"], "<", 1.0)
 
 
-# --- CUDA only -------------------------------------------------------------------------------------------------
 def test_the_norm_flag_builds_the_mlp_without_its_layernorm(tmp_path):
     """`--no-norm`: the model where bf16's memory saving holds on CUDA too (the GPU gates below compare both)."""
     assert isinstance(day.AmpTrainer(dataclasses.replace(TINY, norm=False), tmp_path).model.norm, torch.nn.Identity)
     assert isinstance(day.AmpTrainer(TINY, tmp_path).model.norm, torch.nn.LayerNorm)
 
 
-def cuda_peak_ratio(norm: bool) -> float:
-    """bf16 autocast's CUDA max_memory_allocated in a training step over fp32's, for a wide MLP on a big batch."""
-    cfg = dataclasses.replace(TINY, device="cuda", train_subset=4096, batch_size=4096, hidden=4096, norm=norm)
-    rows = {r.amp: r for r in day.precision_table(cfg, steps=2)}
-    return rows["bf16"].cuda_peak_bytes / rows["off"].cuda_peak_bytes
+# --- CUDA only -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cuda_peak_ratio() -> dict[bool, float]:
+    """bf16 autocast's CUDA max_memory_allocated in a training step over fp32's, for a wide MLP on a big batch, with
+    its LayerNorm (True) and without (False)."""
+    ratios = {}
+    for norm in (True, False):
+        cfg = dataclasses.replace(TINY, device="cuda", train_subset=4096, batch_size=4096, hidden=4096, norm=norm)
+        rows = {r.amp: r for r in day.precision_table(cfg, steps=2)}
+        ratios[norm] = rows["bf16"].cuda_peak_bytes / rows["off"].cuda_peak_bytes
+    return ratios
 
 
 @pytest.mark.gpu
-def test_cuda_bf16_lowers_the_peak_of_an_mlp_without_layernorm():
+def test_cuda_bf16_lowers_the_peak_of_an_mlp_without_layernorm(cuda_peak_ratio):
     """The lesson's claim where it holds on CUDA: every saved activation of a Linear-GELU-Linear MLP is 2 bytes under
     bf16 autocast, 4 in fp32; the fp32 weights, gradients and AdamW state (the same in both) keep the ratio above
     one half."""
-    gates.check("CUDA max_memory_allocated in a step, bf16 / fp32, no LayerNorm", cuda_peak_ratio(False), "<", 0.9)
+    gates.check("CUDA max_memory_allocated in a step, bf16 / fp32, no LayerNorm", cuda_peak_ratio[False], "<", 0.9)
 
 
 @pytest.mark.gpu
-def test_cuda_layernorm_in_fp32_takes_back_part_of_bf16s_saving():
+def test_cuda_layernorm_in_fp32_takes_back_part_of_bf16s_saving(cuda_peak_ratio):
     """CUDA's autocast runs LayerNorm in fp32: its input is cast back to fp32 and kept, and GELU keeps its fp32
     output, so the MLP with a LayerNorm saves less than the one without (the CPU's autocast keeps both in bf16)."""
-    gates.check("bf16 / fp32 CUDA peak: with LayerNorm over without", cuda_peak_ratio(True) / cuda_peak_ratio(False),
+    gates.check("bf16 / fp32 CUDA peak: with LayerNorm over without", cuda_peak_ratio[True] / cuda_peak_ratio[False],
                 ">", 1.0)
 
 

@@ -2653,9 +2653,9 @@ def test_cuda_gpt_config_trains_with_bf16_and_compile_to_its_val_loss_and_mfu(na
     gates.check(f"{name}.toml on CUDA, bf16 + torch.compile: val loss after {steps} steps (ln 256 = 5.55)",
                 result["best_val_loss"], "<", val_loss)
     card = torch.cuda.get_device_name()
-    bf16_peak, fp32_peak = runlog.CUDA_PEAK[runlog.cuda_card(card)]
     floor, floor_name = 0.01, "1%"
     if above_fp32:
+        bf16_peak, fp32_peak = runlog.CUDA_PEAK[runlog.cuda_card(card)]
         floor, floor_name = fp32_peak / bf16_peak, "the most an fp32 run could reach"
     gates.check(f"{name}.toml on CUDA: MFU over steps {steps - 9}-{steps} (the window the last record closes; "
                 f"torch.compile's warm-up is in the first) against the card's dense bf16 peak ({card}; tokens/s "
